@@ -1,0 +1,82 @@
+"""nbaccel: run distributed PyTorch from a Jupyter notebook.
+
+One process per GPU (two gloo processes on a CPU-only machine), forked from the running kernel,
+with every rank's output relayed live and every rank's result brought back.
+
+Example:
+    >>> import nbaccel
+    >>> def square_of_rank():
+    ...     state = nbaccel.PartialState()
+    ...     return state.process_index ** 2
+    >>> nbaccel.notebook_launcher(square_of_rank, num_processes=2)  # doctest: +SKIP
+    [0, 1]
+
+In IPython, ``%load_ext nbaccel`` adds the ``%%distributed`` cell magic.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from .data import accumulate, prepare_data_loader
+    from .errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
+    from .launcher import notebook_launcher
+    from .state import (
+        AcceleratorState,
+        DistributedType,
+        GradientAccumulationPlugin,
+        GradientState,
+        InitProcessGroupKwargs,
+        PartialState,
+    )
+
+# Public name -> module that defines it. Imported on first use so that `import nbaccel` (and
+# `%load_ext nbaccel`) stays cheap and never touches CUDA.
+_EXPORTS = {
+    "notebook_launcher": "launcher",
+    "NbaccelError": "errors",
+    "PreflightError": "errors",
+    "RankFailedError": "errors",
+    "LaunchTimeoutError": "errors",
+    "PartialState": "state",
+    "AcceleratorState": "state",
+    "GradientState": "state",
+    "GradientAccumulationPlugin": "state",
+    "DistributedType": "state",
+    "InitProcessGroupKwargs": "state",
+    "prepare_data_loader": "data",
+    "accumulate": "data",
+}
+
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbaccel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Called by ``%load_ext nbaccel``: registers the ``%%distributed`` magics."""
+    from .magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Called by ``%unload_ext nbaccel``: removes the magics again."""
+    from .magics import unregister
+
+    unregister(ipython)

@@ -1,0 +1,87 @@
+"""The environment a launched rank sees: the standard torch variables plus nbaccel's and Accelerate's.
+
+The launcher writes these into each worker's ``os.environ`` right after the fork; the process
+state (``nbaccel.state``) only reads them, so it is equally right under torchrun or Accelerate.
+
+Example:
+    >>> env = rank_environment(rank=1, world_size=2, master_port=29511, device_type="cpu")
+    >>> env["RANK"], env["WORLD_SIZE"], env["NBACCEL_FORK_LAUNCHED"]
+    ('1', '2', '1')
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+
+# Variables the state reads. Kept here so the launcher and the state agree on one spelling.
+FORK_LAUNCHED = "NBACCEL_FORK_LAUNCHED"  # "1" when nbaccel forked this process; it owns teardown
+DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda" or "cpu": what the launcher chose for the ranks
+MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Accelerator() sees it too
+ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
+ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
+
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+
+
+def loopback_interface() -> str:
+    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:  # no interface table (some sandboxes): Linux's name is the safe guess
+        return "lo"
+    return next((n for n in names if n.startswith("lo")), "lo")
+
+
+def rank_environment(
+    *,
+    rank: int,
+    world_size: int,
+    master_port: int,
+    device_type: str,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    mixed_precision: str = "no",
+    restart_count: int = 0,
+    max_restarts: int = 0,
+    visible_gpus: Sequence[int] | None = None,
+    inherited: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment variables for one rank of a launch (only the ones nbaccel sets).
+
+    ``inherited`` is the environment the rank starts from (default: this process's); variables
+    the user already set there for the socket interface are respected.
+    """
+    inherited = os.environ if inherited is None else inherited
+    local_rank = rank if local_rank is None else local_rank
+    local_world_size = world_size if local_world_size is None else local_world_size
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        # Workers attach to the store the launcher hosts (bound to loopback) instead of rank 0
+        # opening its own TCPStore, which would listen on every interface.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        FORK_LAUNCHED: "1",
+        ACCELERATE_FORK_LAUNCHED: "1",
+        DEVICE_TYPE: device_type,
+        MIXED_PRECISION: mixed_precision,
+    }
+    if device_type == "cpu":
+        env[ACCELERATE_USE_CPU] = "true"
+    if visible_gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in visible_gpus)
+    loopback = loopback_interface()
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        env[name] = inherited.get(name, loopback)
+    return env
