@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .outcome import RankOutcome
+
 
 class NbaccelError(Exception):
     """Base class of every error nbaccel raises on purpose."""
@@ -9,3 +11,88 @@ class NbaccelError(Exception):
 
 class PreflightError(NbaccelError):
     """A check before forking found something that would break the launch; nothing was started."""
+
+
+class RankFailedError(NbaccelError):
+    """A rank raised, crashed or exited early; the others were stopped.
+
+    The message starts with the root cause (``rank 1 failed: ValueError: boom``), then that
+    rank's traceback as it ran there (the notebook cell's lines included), its last output lines
+    and every rank's outcome. Attributes: ``rank``, ``exc_type`` (the exception's type name, or
+    None for a crash), ``remote_traceback``, ``outcomes`` (every rank's RankOutcome) and
+    ``attempts`` (the failed attempts' outcomes, when ``max_restarts`` relaunched).
+    """
+
+    def __init__(self, root: RankOutcome, outcomes: list[RankOutcome]) -> None:
+        self.rank = root.rank
+        self.exc_type = root.error.type_name if root.error else None
+        self.error_message = root.error.message if root.error else ""
+        self.remote_traceback = root.error.traceback if root.error else ""
+        self.signal_name = root.signal_name
+        self.exitcode = root.exitcode
+        self.last_lines = list(root.last_lines)
+        self.outcomes = outcomes
+        self.attempts: list[list[RankOutcome]] = [outcomes]
+        super().__init__(self._headline(root))
+
+    @staticmethod
+    def _headline(root: RankOutcome) -> str:
+        if root.error is not None:
+            return f"rank {root.rank} failed: {root.error.headline()}"
+        if root.signal is not None:
+            return f"rank {root.rank} failed: killed by {root.signal_name}"
+        return f"rank {root.rank} failed: exited with code {root.exitcode} before returning"
+
+    def report(self) -> str:
+        """The full text: headline, remote traceback, last output lines, every rank's outcome."""
+        parts = [self.args[0]]
+        if self.remote_traceback:
+            parts.append(f"\nTraceback on rank {self.rank}:\n{self.remote_traceback.rstrip()}")
+        if self.last_lines:
+            tail = "\n".join(f"  {line}" for line in self.last_lines)
+            parts.append(f"\nLast output of rank {self.rank}:\n{tail}")
+        summary = "\n".join(f"  {o.describe()}" for o in self.outcomes)
+        parts.append(f"\nAll ranks:\n{summary}")
+        if len(self.attempts) > 1:
+            parts.append(f"\n(after {len(self.attempts)} attempts; max_restarts was {len(self.attempts) - 1})")
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of the kernel-side stack: the launcher's frames say nothing
+        # about the user's bug, the rank's traceback does.
+        return [f"RankFailedError: {line}" if i == 0 else line for i, line in enumerate(self.report().splitlines())]
+
+    def __reduce__(self):  # picklable across processes (e.g. a pool relaying it)
+        return (_rebuild_rank_failed, (self.__dict__,))
+
+
+def _rebuild_rank_failed(state: dict) -> RankFailedError:
+    error = RankFailedError.__new__(RankFailedError)
+    error.__dict__.update(state)
+    error.args = (RankFailedError._headline(_outcome_of(state)),)
+    return error
+
+
+def _outcome_of(state: dict) -> RankOutcome:
+    return next(o for o in state["outcomes"] if o.rank == state["rank"])
+
+
+class LaunchTimeoutError(NbaccelError, TimeoutError):
+    """The launch's ``timeout`` passed; every rank was stopped.
+
+    ``running`` maps each rank that was still running to its last output line.
+    """
+
+    def __init__(self, timeout: float, running: dict[int, str], outcomes: list[RankOutcome]) -> None:
+        self.timeout = timeout
+        self.running = running
+        self.outcomes = outcomes
+        lines = [f"  rank {rank}: last output: {line!r}" if line else f"  rank {rank}: no output yet" for rank, line in running.items()]
+        super().__init__(
+            f"launch timed out after {timeout:g} s and was stopped; ranks still running:\n"
+            + "\n".join(lines)
+            + "\nRaise timeout= (or pass timeout=None) if the work needs longer, or look at why those ranks hang."
+        )

@@ -1,0 +1,84 @@
+"""Framed messages from a rank to the kernel over a pipe: results, errors and rich-output events.
+
+A frame is a 1-byte kind, an 8-byte big-endian length and a pickled payload. Pipes are private
+to one launch (created by the kernel, inherited by its own child), so nothing read here ever
+came from a network.
+
+Example:
+    >>> r, w = os.pipe()
+    >>> send(w, Kind.RESULT, {"loss": 0.5})
+    >>> decoder = FrameDecoder()
+    >>> [(kind.name, loads(payload)) for kind, payload in decoder.feed(os.read(r, 1024))]
+    [('RESULT', {'loss': 0.5})]
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import struct
+from typing import Any
+
+_HEADER = struct.Struct("!BQ")
+
+
+class Kind(enum.IntEnum):
+    RESULT = 1  # the rank's return value
+    ERROR = 2  # a RemoteError's fields: the rank raised
+    EVENT = 3  # rich output (display data, progress) for the sinks
+
+
+def dumps(value: Any) -> bytes:
+    """Pickle ``value``, falling back to cloudpickle for lambdas and notebook-defined classes."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle  # only when plain pickle cannot: it is slower and imports more
+
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(payload: bytes) -> Any:
+    return pickle.loads(payload)
+
+
+def send(fd: int, kind: Kind, value: Any) -> None:
+    """Write one frame (blocking). Raises whatever pickling raises, before writing anything."""
+    send_bytes(fd, kind, dumps(value))
+
+
+def send_bytes(fd: int, kind: Kind, payload: bytes) -> None:
+    _write_all(fd, _HEADER.pack(kind, len(payload)))
+    _write_all(fd, payload)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class FrameDecoder:
+    """Reassembles frames from the chunks a non-blocking reader gets."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[tuple[Kind, bytes]]:
+        self._buffer += chunk
+        frames = []
+        while len(self._buffer) >= _HEADER.size:
+            kind, length = _HEADER.unpack_from(self._buffer)
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            frames.append((Kind(kind), bytes(self._buffer[_HEADER.size : end])))
+            del self._buffer[:end]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame still waiting for the rest."""
+        return len(self._buffer)

@@ -1,0 +1,73 @@
+"""Start a rank as a fresh interpreter, for kernels where forking is unsafe (CUDA already initialised).
+
+The job travels as cloudpickle bytes over the child's stdin, so functions defined in a notebook
+work (plain ``spawn`` cannot import them from ``__main__``). The cell sources that the function's
+traceback would show travel along, so errors still show the notebook's lines.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from typing import Any
+
+from ..worker import ChildEnds, Job
+
+CHANNEL_FD = 3  # where the spawned rank finds its channel pipe
+
+
+class SpawnStarter:
+    """Starts ``python -m nbaccel.launchers._spawn_main`` and hands it the job.
+
+    Example::
+
+        pid = SpawnStarter().start(job, rank=0, env=env, ends=ends, close_fds=[])
+    """
+
+    start_method = "spawn"
+
+    def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
+        import cloudpickle
+
+        payload = cloudpickle.dumps(
+            {"job": job, "rank": rank, "env": env, "parent_pid": os.getpid(), "sources": _cell_sources(job)}
+        )
+        payload_r, payload_w = os.pipe()
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-m", "nbaccel.launchers._spawn_main"],
+                _child_environment(env),
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, payload_r, 0),
+                    (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
+                    (os.POSIX_SPAWN_DUP2, ends.stderr, 2),
+                    (os.POSIX_SPAWN_DUP2, ends.channel, CHANNEL_FD),
+                ],
+                setsid=True,  # its own session and process group, like a forked rank's
+            )
+        finally:
+            os.close(payload_r)
+        try:
+            with open(payload_w, "wb", closefd=True) as pipe:
+                pipe.write(payload)
+        except BrokenPipeError:  # the rank died at start-up; its exit status tells the supervisor
+            pass
+        return pid
+
+
+def _child_environment(env: dict[str, str]) -> dict[str, str]:
+    merged = dict(os.environ)
+    merged.update(env)
+    # The kernel may import from places only its sys.path knows (the notebook's folder).
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+    return merged
+
+
+def _cell_sources(job: Job) -> dict[str, Any]:
+    code = getattr(job.function, "__code__", None)
+    if code is None:
+        return {}
+    entry = linecache.cache.get(code.co_filename)
+    return {code.co_filename: entry} if entry is not None else {}

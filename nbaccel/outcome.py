@@ -1,0 +1,118 @@
+"""What became of each rank of a launch: the value it returned, or how it failed.
+
+Example:
+    >>> ok = RankOutcome(rank=0, status=Status.SUCCEEDED, exitcode=0)
+    >>> ok.describe()
+    'rank 0: succeeded'
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """How a rank ended. RUNNING only while the launch is in flight."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # returned a value
+    FAILED = "failed"  # raised an exception (see RankOutcome.error)
+    EXITED = "exited"  # left with a non-zero exit code and no exception (os._exit, sys.exit)
+    SIGNALED = "killed"  # killed by a signal nbaccel did not send (segfault, OOM killer)
+    STOPPED = "stopped"  # stopped by nbaccel because another rank failed
+    INTERRUPTED = "interrupted"  # stopped by the kernel's interrupt
+    TIMED_OUT = "timed out"  # stopped by nbaccel because the launch's timeout passed
+
+
+# Errors a rank raises only because a *peer* went away: never the root cause of a failure.
+_PEER_ERROR = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+    r"connectFullMesh failed|Connection refused|remote process exited|"
+    r"DistNetworkError|DistBackendError|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """An exception raised on a rank, carried back as text (exception objects may not pickle)."""
+
+    type_name: str
+    message: str
+    traceback: str
+    timestamp: float  # time.time() on the rank when it was caught
+
+    @property
+    def is_peer_error(self) -> bool:
+        """True when the error only reports that another rank vanished."""
+        return bool(_PEER_ERROR.search(f"{self.type_name}: {self.message}"))
+
+    def headline(self) -> str:
+        return f"{self.type_name}: {self.message}" if self.message else self.type_name
+
+
+@dataclass
+class RankOutcome:
+    """The end of one rank: status, exit code or signal, error, and its last lines of output."""
+
+    rank: int
+    status: Status = Status.RUNNING
+    exitcode: int | None = None
+    signal: int | None = None
+    error: RemoteError | None = None
+    value: Any = None
+    last_lines: list[str] = field(default_factory=list)
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.signal is None:
+            return None
+        try:
+            return signal.Signals(self.signal).name
+        except ValueError:
+            return f"signal {self.signal}"
+
+    def describe(self) -> str:
+        """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
+        if self.status is Status.FAILED and self.error is not None:
+            return f"rank {self.rank}: failed ({_shorten(self.error.headline())})"
+        if self.status is Status.SIGNALED:
+            return f"rank {self.rank}: killed by {self.signal_name}"
+        if self.status is Status.EXITED:
+            return f"rank {self.rank}: exited with code {self.exitcode} without returning"
+        return f"rank {self.rank}: {self.status.value}"
+
+    @property
+    def is_failure(self) -> bool:
+        """A failure that started the launch's end (not a rank nbaccel stopped)."""
+        return self.status in (Status.FAILED, Status.EXITED, Status.SIGNALED)
+
+
+def _shorten(text: str, limit: int = 100) -> str:
+    first = text.splitlines()[0] if text else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def root_cause(outcomes: list[RankOutcome]) -> RankOutcome | None:
+    """The rank whose failure caused the others: the earliest real error, never a peer's.
+
+    Ranks that raised a genuine exception come first (earliest timestamp wins); then ranks that
+    died without one (signal, bare exit); peers that only saw a closed connection come last.
+    """
+    failures = [o for o in outcomes if o.is_failure]
+    if not failures:
+        return None
+
+    def rank_order(outcome: RankOutcome) -> tuple[int, float, int]:
+        error = outcome.error
+        if error is not None and not error.is_peer_error:
+            return (0, error.timestamp, outcome.rank)
+        if error is None:
+            return (1, 0.0, outcome.rank)
+        return (2, error.timestamp, outcome.rank)
+
+    return min(failures, key=rank_order)

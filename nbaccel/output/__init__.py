@@ -1,0 +1,1 @@
+"""Per-rank output: capture in the rank, relay in the kernel, sinks that show it."""

@@ -1,0 +1,67 @@
+"""Rank side of the output pipeline: point fds 1/2 and sys.stdout/sys.stderr at the rank's pipes.
+
+Both levels matter: Python's ``print`` goes through ``sys.stdout`` (under ipykernel an OutStream
+that a forked child must not use), while C++/NCCL/gloo logs write to fd 1 and 2 directly.
+
+Example (in a freshly forked rank)::
+
+    redirect_stdio(stdout_fd=pipes.stdout_w, stderr_fd=pipes.stderr_w)
+    print("hello")  # reaches the kernel's relay as one whole line of this rank's stdout
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import logging
+import os
+import sys
+from typing import TextIO
+
+try:  # fflush(NULL) pushes out C stdio buffers that os._exit would otherwise drop
+    _libc: ctypes.CDLL | None = ctypes.CDLL(None)
+except OSError:  # pragma: no cover - exotic platforms without a C runtime handle
+    _libc = None
+
+
+def redirect_stdio(stdout_fd: int, stderr_fd: int) -> None:
+    """Make fds 1 and 2 the rank's pipes and rebind the Python streams onto them."""
+    old_streams = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None}
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    if stdout_fd > 2:
+        os.close(stdout_fd)
+    if stderr_fd > 2:
+        os.close(stderr_fd)
+    sys.stdout = sys.__stdout__ = _text_stream(1)
+    sys.stderr = sys.__stderr__ = _text_stream(2)
+    _retarget_logging(old_streams)
+
+
+def _text_stream(fd: int) -> TextIO:
+    raw = io.FileIO(fd, "w", closefd=False)
+    # Line buffering: whole lines reach the pipe as they are printed (live output), and a
+    # line is one write, so the relay never sees a print split across reads mid-word needlessly.
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+
+
+def _retarget_logging(old_streams: set[int]) -> None:
+    """Handlers created in the kernel still hold its streams; point them at the rank's."""
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old_streams:
+                handler.stream = sys.stderr
+
+
+def flush_all() -> None:
+    """Flush Python's and C's buffered output; called right before the rank exits."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if _libc is not None:
+        _libc.fflush(None)
