@@ -18,9 +18,12 @@ import enum
 import os
 import pickle
 import struct
+import threading
 from typing import Any
 
 _HEADER = struct.Struct("!BQ")
+# A rank may send from several threads (a tqdm monitor, a logging thread): frames must not interleave.
+_SEND_LOCK = threading.Lock()
 
 
 class Kind(enum.IntEnum):
@@ -49,8 +52,9 @@ def send(fd: int, kind: Kind, value: Any) -> None:
 
 
 def send_bytes(fd: int, kind: Kind, payload: bytes) -> None:
-    _write_all(fd, _HEADER.pack(kind, len(payload)))
-    _write_all(fd, payload)
+    with _SEND_LOCK:
+        _write_all(fd, _HEADER.pack(kind, len(payload)))
+        _write_all(fd, payload)
 
 
 def _write_all(fd: int, data: bytes) -> None:

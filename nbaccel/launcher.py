@@ -18,7 +18,8 @@ from .launchers.fork import ForkStarter
 from .launchers.local import LocalLauncher
 from .launchers.spawn import SpawnStarter
 from .outcome import RankOutcome, root_cause
-from .output.sinks import Sink, TextSink
+from .output.select import make_sink
+from .output.sinks import Sink
 from .preflight import check_gpus, fork_error, fork_hazards, visible_gpu_count
 from .rendezvous import is_loopback
 from .worker import Job
@@ -63,7 +64,8 @@ def notebook_launcher(
         max_restarts: relaunch every rank after a failure, up to this many times.
         gpus: CUDA device indices to use, one rank each (default: the first ``num_processes``).
         cpu: run CPU ranks on gloo even where GPUs are visible.
-        output: "text", or a Sink; default: text lines prefixed with ``[rank N]``.
+        output: "text", "widgets", "auto" or a Sink; default from NBACCEL_OUTPUT, else "auto"
+            (widgets in a frontend that renders them, text lines ``[rank N] ...`` elsewhere).
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.
@@ -86,7 +88,7 @@ def notebook_launcher(
     _check_arguments(function, args, num_processes, mixed_precision, start_method, timeout, max_restarts, master_addr)
     plan = _plan(num_processes, mixed_precision, use_port, master_addr, timeout, max_restarts, gpus, cpu, started)
     launcher = _choose_launcher(start_method)
-    sink = _choose_sink(output)
+    sink = make_sink(output)
     return _run(launcher, Job(function, tuple(args)), plan, sink)
 
 
@@ -189,11 +191,3 @@ def _choose_launcher(start_method: str) -> Launcher:
         raise fork_error(hazards)
     print(f"nbaccel: {hazards[0]}; starting the ranks with spawn instead of fork (slower).", file=sys.stderr)
     return LocalLauncher(SpawnStarter())
-
-
-def _choose_sink(output: str | Sink | None) -> Sink:
-    if output is None or output == "text":
-        return TextSink()
-    if isinstance(output, Sink):
-        return output
-    raise ValueError(f"unknown output {output!r}; use 'text' or a nbaccel.output.sinks.Sink.")

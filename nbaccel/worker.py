@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from . import channel
+from .output import rank_hooks
 from .output.capture import _libc, flush_all, redirect_stdio
 
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
@@ -56,6 +57,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         os.environ.update(env)
         _forget_kernel_state()
         _pin_device(env)
+        rank_hooks.install(ends.channel)
         exit_code = execute(job, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:

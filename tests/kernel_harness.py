@@ -1,0 +1,126 @@
+"""A real ipykernel driven through jupyter_client, as a notebook frontend drives it.
+
+Example::
+
+    with running_kernel() as kernel:
+        reply = kernel.execute("print(1 + 1)")
+        assert reply.stdout == "2\\n"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class Execution:
+    """Everything one execute_request produced on iopub, plus its reply."""
+
+    reply: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return self.reply["content"]["status"]
+
+    def stream(self, name: str) -> str:
+        return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+    @property
+    def stdout(self) -> str:
+        return self.stream("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self.stream("stderr")
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return next((m["content"] for m in self.messages if m["msg_type"] == "error"), None)
+
+    def of_type(self, *types: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["msg_type"] in types]
+
+
+class Kernel:
+    def __init__(self, manager: KernelManager) -> None:
+        self.manager = manager
+        self.client = manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid  # type: ignore[union-attr]
+
+    def execute(self, code: str, timeout: float = 60.0, interrupt_after: float | None = None) -> Execution:
+        """Run ``code``; collect iopub until the kernel is idle again (optionally interrupting it)."""
+        started = time.monotonic()
+        msg_id = self.client.execute(code, store_history=True)
+        messages: list[dict[str, Any]] = []
+        interrupted = False
+        deadline = started + timeout
+        idle = False
+        while not idle:
+            if interrupt_after is not None and not interrupted and time.monotonic() - started >= interrupt_after:
+                self.manager.interrupt_kernel()
+                interrupted = True
+            wait = 0.05 if interrupt_after is not None and not interrupted else max(0.01, deadline - time.monotonic())
+            try:
+                msg = self.client.get_iopub_msg(timeout=wait)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"kernel did not finish within {timeout} s: {code[:200]!r}") from None
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+            else:
+                messages.append(msg)
+        reply = self.client.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+        return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started)
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+
+@contextlib.contextmanager
+def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
+    """A fresh python3 kernel of this interpreter, shut down (and reaped) afterwards."""
+    kernel_env = dict(os.environ)
+    kernel_env.update(env or {})
+    manager = KernelManager(kernel_cmd=None)
+    manager.kernel_spec_manager  # noqa: B018 - load specs
+    manager.kernel_name = "python3"
+    manager.start_kernel(
+        extra_arguments=[],
+        env=kernel_env,
+    )
+    kernel = None
+    try:
+        kernel = Kernel(manager)
+        yield kernel
+    finally:
+        if kernel is not None:
+            kernel.shutdown()
+        else:
+            manager.shutdown_kernel(now=True)
+
+
+def python3_kernel_uses_this_interpreter() -> bool:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return spec.argv[0] in (sys.executable, "python", "python3") or os.path.realpath(spec.argv[0]) == os.path.realpath(sys.executable)
