@@ -131,7 +131,10 @@ def _create(env: LaunchEnvironment, backend: str, kwargs: dict[str, Any]) -> Gro
 
 
 def _check_kwargs(kwargs: dict[str, Any]) -> None:
-    accepted = set(inspect.signature(dist.init_process_group).parameters) if dist.is_available() else set()
+    if not dist.is_available():
+        return  # nothing to pass them to; _create explains if a group is actually needed
+    parameters = inspect.signature(dist.init_process_group).parameters
+    accepted = {name for name in parameters if not name.startswith("_")}
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
         raise TypeError(

@@ -58,6 +58,7 @@ class LaunchEnvironment:
     local_rank: int = 0
     local_world_size: int = 1
     world_size_from_env: bool = False
+    local_rank_from_env: bool = False
     device_type: str | None = None
     use_cpu: bool = False
     mixed_precision: str = "no"
@@ -91,6 +92,7 @@ class LaunchEnvironment:
             )
         local_world = _int_var(environ, "LOCAL_WORLD_SIZE", minimum=1)
         local_rank = _int_var(environ, "LOCAL_RANK", minimum=0)
+        local_rank_from_env = local_rank is not None
         if local_rank is None:  # single-node assumption when only global ranks were given
             local_rank = rank % local_world if local_world else rank
         return cls(
@@ -99,6 +101,7 @@ class LaunchEnvironment:
             local_rank=local_rank,
             local_world_size=local_world or world,
             world_size_from_env=world_size is not None,
+            local_rank_from_env=local_rank_from_env,
             device_type=_device_type(environ),
             use_cpu=is_truthy(environ.get(names.ACCELERATE_USE_CPU)),
             mixed_precision=normalize_mixed_precision(
