@@ -101,9 +101,7 @@ def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
     """A fresh python3 kernel of this interpreter, shut down (and reaped) afterwards."""
     kernel_env = dict(os.environ)
     kernel_env.update(env or {})
-    manager = KernelManager(kernel_cmd=None)
-    manager.kernel_spec_manager  # noqa: B018 - load specs
-    manager.kernel_name = "python3"
+    manager = KernelManager(kernel_name="python3")
     manager.start_kernel(
         extra_arguments=[],
         env=kernel_env,

@@ -1,0 +1,87 @@
+"""Many launches in one process leak no process, thread, fd, temp directory or port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+
+import psutil
+import pytest
+
+import nbaccel
+from nbaccel.output.sinks import CollectingSink
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+def ok() -> int:
+    return int(os.environ["RANK"])
+
+
+def fails() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("planned")
+    time.sleep(30)
+
+
+def hangs() -> None:
+    print("started", flush=True)
+    time.sleep(30)
+
+
+def with_process_group() -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _resources() -> dict[str, object]:
+    me = psutil.Process()
+    return {
+        "children": len(me.children(recursive=True)),
+        "threads": me.num_threads(),
+        "python threads": threading.active_count(),
+        "fds": me.num_fds(),
+        "listening": sorted(c.laddr.port for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN),
+        "temp entries": len(os.listdir(tempfile.gettempdir())),
+    }
+
+
+def _interrupted_launch() -> None:
+    sink = CollectingSink()
+    # Interrupt once the ranks are really running (their first line arrived), like a user would.
+    original = sink.output
+
+    def output(rank: int, stream: str, lines: list[str]) -> None:
+        original(rank, stream, lines)
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sink.output = output  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        nbaccel.notebook_launcher(hangs, num_processes=2, output=sink)
+
+
+def test_two_hundred_launches_leak_nothing() -> None:
+    nbaccel.notebook_launcher(with_process_group, num_processes=2, output=CollectingSink())  # warm-up: lazy imports
+    before = _resources()
+    for i in range(200):
+        kind = i % 10
+        if kind < 6:
+            assert nbaccel.notebook_launcher(ok, num_processes=2, output=CollectingSink()) == [0, 1]
+        elif kind < 8:
+            assert nbaccel.notebook_launcher(with_process_group, num_processes=2, output=CollectingSink()) == [2.0, 2.0]
+        elif kind == 8:
+            with pytest.raises(nbaccel.RankFailedError):
+                nbaccel.notebook_launcher(fails, num_processes=2, output=CollectingSink())
+        else:
+            _interrupted_launch()
+    after = _resources()
+    assert after == before
