@@ -93,10 +93,10 @@ class DataLoaderShard(DataLoader):
     """
 
     def __init__(self, source: DataLoader, num_processes: int, index: int, put_on_device: bool) -> None:
-        self._source_sampler = source.sampler
-        self._batch_sampler = _ShardBatchSampler(
-            len(source.sampler), source.batch_size, source.drop_last, num_processes, index  # type: ignore[arg-type]
-        )
+        batching: BatchSampler = source.batch_sampler  # type: ignore[assignment]  # checked by _check_shardable
+        self._source_sampler = batching.sampler
+        length = len(batching.sampler)  # type: ignore[arg-type]
+        self._batch_sampler = _ShardBatchSampler(length, batching.batch_size, batching.drop_last, num_processes, index)
         workers = source.num_workers
         super().__init__(
             source.dataset,
@@ -112,8 +112,8 @@ class DataLoaderShard(DataLoader):
             persistent_workers=source.persistent_workers if workers > 0 else False,
             pin_memory_device=source.pin_memory_device,
         )
-        self.total_batch_size = source.batch_size * num_processes  # type: ignore[operator]
-        self.remainder = padding_added(len(source.sampler), source.batch_size, source.drop_last, num_processes)  # type: ignore[arg-type]
+        self.total_batch_size = batching.batch_size * num_processes
+        self.remainder = padding_added(length, batching.batch_size, batching.drop_last, num_processes)
         self.end_of_dataloader = False
         self._put_on_device = put_on_device
 
@@ -168,7 +168,8 @@ def prepare_data_loader(dataloader: DataLoader, *, put_on_device: bool = False) 
     the main process's sampler, and run the same number of steps. Call it on every process.
 
     Args:
-        dataloader: a DataLoader over a map-style dataset with a ``batch_size``.
+        dataloader: a DataLoader over a map-style dataset with a ``batch_size`` (or a plain
+            ``BatchSampler``).
         put_on_device: move every batch to ``PartialState().device``.
 
     Raises:
@@ -195,12 +196,13 @@ def _check_shardable(dataloader: Any) -> None:
             "prepare_data_loader cannot shard an IterableDataset: it has no indices to split. "
             "Shard inside the dataset's __iter__ with PartialState().process_index instead."
         )
-    if dataloader.batch_size is None or not isinstance(dataloader.batch_sampler, BatchSampler):
+    if type(dataloader.batch_sampler) is not BatchSampler:
         raise TypeError(
-            f"prepare_data_loader needs a DataLoader built with batch_size=..., but this one has a "
-            f"custom batch_sampler {dataloader.batch_sampler!r}. Use batch_size (and sampler=...)."
+            f"prepare_data_loader needs a DataLoader built with batch_size=... (or a plain "
+            f"BatchSampler), but this one has the batch_sampler {dataloader.batch_sampler!r}, whose "
+            "batches it cannot cut into shards. Use batch_size (and sampler=...)."
         )
-    if isinstance(dataloader.sampler, DistributedSampler):
+    if isinstance(dataloader.batch_sampler.sampler, DistributedSampler):
         raise TypeError(
             "this DataLoader already uses a DistributedSampler, so each process would get a shard "
             "of a shard. Build it with a plain sampler (or shuffle=True) and let "

@@ -1,0 +1,1 @@
+"""Tests of the process-state API (nbaccel.state, nbaccel.split, nbaccel.data)."""
