@@ -8,6 +8,7 @@ import pytest
 
 import nbaccel
 import nbaccel.launcher as launcher_module
+import nbaccel.plan as plan_module
 
 
 def noop() -> None:
@@ -54,7 +55,7 @@ def test_bad_arguments_are_refused_before_forking(kwargs: dict, error: type, mat
 
 
 def test_gpus_that_are_not_visible_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launcher_module, "visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(plan_module, "visible_gpu_count", lambda: 2)
     with pytest.raises(ValueError, match=r"gpus=\[0, 3\] names device\(s\) \[3\], but only 2 GPU\(s\) are visible"):
         nbaccel.notebook_launcher(noop, gpus=[0, 3])
     with pytest.raises(ValueError, match="names a device twice"):
@@ -64,7 +65,7 @@ def test_gpus_that_are_not_visible_are_named(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launcher_module, "visible_gpu_count", lambda: 4)
+    monkeypatch.setattr(plan_module, "visible_gpu_count", lambda: 4)
     with pytest.raises(ValueError, match=r"num_processes=8 but only 4 GPU\(s\) are visible.*cpu=True"):
         nbaccel.notebook_launcher(noop, num_processes=8)
 

@@ -248,7 +248,7 @@ def unpicklable_result() -> object:
 
 
 def test_an_unpicklable_result_names_the_rank_and_the_type() -> None:
-    with pytest.raises(nbaccel.RankFailedError, match=r"rank 0 failed: UnpicklableResultError: the return value \(a _thread.lock\) cannot be pickled"):
+    with pytest.raises(nbaccel.RankFailedError, match=r"rank [01] failed: UnpicklableResultError: the return value \(a _thread.lock\) cannot be pickled"):
         nbaccel.notebook_launcher(unpicklable_result, num_processes=2)
 
 
