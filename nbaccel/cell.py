@@ -1,6 +1,7 @@
 """A notebook cell's source turned into a function that every rank can run (IPython-free).
 
-``compile_cell`` compiles the source as the body of a function ``distributed_cell(state)``:
+``compile_cell`` compiles the source as the body of a function ``distributed_cell(state)`` and
+wraps it in a `Cell`, which calls it and pickles it (by its source):
 
 - names the cell assigns are the function's locals, so they never leak into the notebook;
 - every other name is looked up in ``namespace`` (the notebook's globals), as it is when the
@@ -15,8 +16,8 @@ rank show the cell's lines (a forked rank inherits linecache; the spawn starter 
 A syntax error is raised here, in the kernel, before anything forks.
 
 Example:
-    >>> fn = compile_cell("x = 6 * 7\\nx")
-    >>> fn()
+    >>> cell = compile_cell("x = 6 * 7\\nx")
+    >>> cell()
     42
     >>> compile_cell("x = 6 * 7\\nx;")() is None
     True
@@ -26,6 +27,9 @@ from __future__ import annotations
 
 import __future__
 import ast
+import builtins
+import dis
+import functools
 import hashlib
 import io
 import linecache
@@ -41,6 +45,10 @@ STATE_NAME = "state"
 _FUTURE_FLAGS = 0
 for _feature in __future__.all_feature_names:
     _FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
+
+# Names IPython puts into builtins while a cell runs that a rank may use and can carry along.
+_NOTEBOOK_BUILTINS = frozenset({"display"})
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME", "DELETE_NAME"})
 
 _NOT_CODE = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
@@ -97,13 +105,14 @@ def compile_cell(
     header: str | None = None,
     cache: Callable[[str], str] | None = None,
     flags: int = 0,
-) -> types.FunctionType:
-    """Compile a cell's ``source`` into a function ``distributed_cell(state=<lazy>)``.
+) -> Cell:
+    """Compile a cell's ``source`` into a `Cell`: a function ``distributed_cell(state=<lazy>)``.
 
     Args:
         source: the Python code of the cell (IPython syntax already transformed).
-        namespace: the globals the function sees, e.g. the notebook's ``user_ns``; it is used
-            as it is, not copied, so what the function sees is that dict at call time.
+        namespace: the globals the cell sees, e.g. the notebook's ``user_ns``; it is used as it
+            is, not copied, so what the cell sees is that dict when it runs (a forked rank has
+            the dict as it was at the fork).
         header: lines shown above the body in tracebacks, e.g. the ``%%distributed -n 2`` line,
             so that line numbers match the cell as the notebook shows it.
         cache: stores the full text (``header`` + ``source``) in linecache and returns the file
@@ -112,21 +121,81 @@ def compile_cell(
         flags: the notebook compiler's flags; only its ``__future__`` features are applied.
 
     Returns:
-        A plain function (cloudpickle can carry it) that takes no required argument and returns
-        the value of the cell's last expression (None when there is none or it ends with ``;``).
+        A `Cell`: calling it runs the cell and returns the value of its last expression (None
+        when there is none or it ends with ``;``).
 
     Raises:
         SyntaxError: the cell is not valid Python, with the cell's file name and line.
 
     Example:
-        >>> fn = compile_cell("y = x + 1\\ny", {"x": 41})
-        >>> fn()
+        >>> cell = compile_cell("y = x + 1\\ny", {"x": 41})
+        >>> cell()
         42
     """
-    offset = 0 if header is None else header.count("\n") + 1
     text = source if header is None else f"{header}\n{source}"
     filename = (cache or _cache_in_linecache)(text)
     future = flags & _FUTURE_FLAGS
+    offset = 0 if header is None else header.count("\n") + 1
+    function = _compile_function(source, text, filename, offset, future, {} if namespace is None else namespace)
+    return Cell(function, source, header, filename, future)
+
+
+class Cell(functools.partial):  # type: ignore[type-arg]
+    """A compiled cell: call it to run the cell on this process; it pickles by its source.
+
+    Attributes: ``function`` (the plain function), ``source``, ``header``, ``filename``.
+
+    Pickling ships the source and the notebook globals the cell uses (values pickled as
+    cloudpickle does), and recompiles on the other side under the same file name, with the
+    text back in linecache. (cloudpickle renames every function's file to ``<dynamic-code>``,
+    which would leave a spawned rank's traceback without the cell's lines.)
+
+    Example:
+        >>> import pickle
+        >>> cell = compile_cell("n * 2", {"n": 21, "unused": object()})
+        >>> pickle.loads(pickle.dumps(cell))()
+        42
+    """
+
+    # A partial, not a class with a Python __call__: calling it adds no frame of nbaccel's
+    # between the worker and the cell, so a rank's traceback starts at the cell's own line.
+    def __new__(cls, function: types.FunctionType, source: str, header: str | None, filename: str, flags: int) -> Cell:
+        self = super().__new__(cls, function)
+        self.source = source
+        self.header = header
+        self.filename = filename
+        self.flags = flags
+        self.__name__ = self.__qualname__ = FUNCTION_NAME
+        return self
+
+    @property
+    def function(self) -> types.FunctionType:
+        return self.func  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"<nbaccel cell {self.filename}>"
+
+    def globals_used(self) -> dict[str, Any]:
+        """The globals the cell's code (nested functions and classes included) refers to."""
+        namespace = self.function.__globals__
+        names = _global_names(self.function.__code__)
+        used = {name: namespace[name] for name in names if name in namespace}
+        for name in names & _NOTEBOOK_BUILTINS:
+            if name not in used and hasattr(builtins, name):
+                used[name] = getattr(builtins, name)  # IPython's, importable wherever IPython is
+        if "__name__" in namespace:
+            used["__name__"] = namespace["__name__"]
+        return used
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.source, self.header, self.filename, self.flags, self.globals_used()))
+
+
+def _rebuild(source: str, header: str | None, filename: str, flags: int, namespace: dict[str, Any]) -> Cell:
+    return compile_cell(source, namespace, header=header, cache=lambda text: _cache_as(filename, text), flags=flags)
+
+
+def _compile_function(source: str, text: str, filename: str, offset: int, future: int, namespace: dict[str, Any]) -> types.FunctionType:
     # Blank lines in place of the header keep the parser's line numbers equal to the cached text's.
     tree = compile("\n" * offset + source, filename, "exec", ast.PyCF_ONLY_AST | future, dont_inherit=True)
     assert isinstance(tree, ast.Module)
@@ -138,9 +207,8 @@ def compile_cell(
     except SyntaxError as error:  # what is legal in a module but not in a function body
         raise _explained(error, text) from None
     function_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
-    function = types.FunctionType(function_code, namespace if namespace is not None else {}, FUNCTION_NAME)
+    function = types.FunctionType(function_code, namespace, FUNCTION_NAME)
     function.__defaults__ = (LazyState(),)
-    function.__doc__ = "A %%distributed cell; returns the value of its last expression."
     return function
 
 
@@ -205,9 +273,23 @@ def _top_level_nodes(body: list[ast.stmt]) -> list[ast.AST]:
     return found
 
 
+def _global_names(code: types.CodeType) -> set[str]:
+    """Names looked up in globals by ``code`` and every code object nested in it."""
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        names.update(i.argval for i in dis.get_instructions(current) if i.opname in _GLOBAL_OPS)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
 def _cache_in_linecache(text: str) -> str:
     digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    filename = f"<nbaccel-cell-{digest}>"
+    return _cache_as(f"<nbaccel-cell-{digest}>", text)
+
+
+def _cache_as(filename: str, text: str) -> str:
     # mtime None: linecache.checkcache never drops it (IPython caches its cells the same way).
     linecache.cache[filename] = (len(text), None, [line + "\n" for line in text.splitlines()], filename)
     return filename
