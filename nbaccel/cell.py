@@ -269,7 +269,8 @@ def _top_level_nodes(body: list[ast.stmt]) -> list[ast.AST]:
     while stack:
         node = stack.pop()
         found.append(node)
-        stack.extend(child for child in ast.iter_child_nodes(node) if not isinstance(child, scopes))
+        if not isinstance(node, scopes):
+            stack.extend(ast.iter_child_nodes(node))
     return found
 
 
