@@ -245,7 +245,9 @@ def _named_deepspeed_plugins(plugin: Any) -> dict[str, Any]:
     return dict(plugin)
 
 
-def _check_same_config(config: _Config, precision: str | None, plugins: dict[str, Any], deepspeed: dict[str, Any]) -> None:
+def _check_same_config(
+    config: _Config, precision: str | None, plugins: dict[str, Any], deepspeed: dict[str, Any]
+) -> None:
     """A later construction may repeat the configuration or leave it out, but not change it."""
     changed = []
     if precision is not None and precision != config.mixed_precision:

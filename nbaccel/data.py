@@ -28,10 +28,12 @@ from torch.utils.data.distributed import DistributedSampler
 from .gradient_state import GradientState
 from .partial_state import PartialState
 
-__all__ = ["DataLoaderShard", "accumulate", "prepare_data_loader", "shard_batches", "padding_added"]
+__all__ = ["DataLoaderShard", "accumulate", "padding_added", "prepare_data_loader", "shard_batches"]
 
 
-def shard_batches(order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int, index: int) -> list[list[int]]:
+def shard_batches(
+    order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int, index: int
+) -> list[list[int]]:
     """Process ``index``'s batches of sample indices, given the epoch's global ``order``.
 
     Step ``s`` takes the ``s``-th ``batch_size * num_processes`` samples of ``order``; process
