@@ -28,11 +28,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from .cell import compile_cell
 from .env import MIXED_PRECISIONS
 from .errors import NbaccelError
-
-try:
-    from .plan import START_METHODS
-except ImportError:  # before the launcher's validation moved into nbaccel.plan
-    from .launcher import START_METHODS  # type: ignore[attr-defined,no-redef]
+from .plan import START_METHODS
 
 MAGIC_NAME = "distributed"
 

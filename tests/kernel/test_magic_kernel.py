@@ -1,0 +1,150 @@
+"""%%distributed in a real ipykernel, driven through jupyter_client as a notebook frontend drives it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.kernel_harness import Execution, Kernel, running_kernel
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
+        assert k.execute("%load_ext nbaccel").status == "ok"
+        yield k
+
+
+def _no_ranks_left(kernel: Kernel) -> None:
+    assert psutil.Process(kernel.pid).children(recursive=True) == []
+
+
+def _result_text(run: Execution) -> str | None:
+    results = run.of_type("execute_result")
+    return results[0]["content"]["data"]["text/plain"] if results else None
+
+
+def _traceback(run: Execution) -> str:
+    assert run.error is not None, run.stdout + run.stderr
+    return "\n".join(run.error["traceback"])
+
+
+def test_load_ext_registers_only_the_cell_magic(kernel: Kernel) -> None:
+    run = kernel.execute("ip = get_ipython(); print(ip.find_cell_magic('distributed') is not None, ip.find_line_magic('distributed'))")
+    assert run.stdout == "True None\n"
+
+
+def test_the_cell_runs_on_every_rank_with_labelled_output_and_rank_0s_value_as_out(kernel: Kernel) -> None:
+    run = kernel.execute(
+        "%%distributed -n 2\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.tensor([state.process_index + 1.0]); dist.all_reduce(t)\n"
+        "print(f'hello from rank {state.process_index} of {state.num_processes}, sum {t.item():g}')\n"
+        "state.process_index + 100"
+    )
+    assert run.status == "ok", run.stderr
+    assert sorted(run.stdout.splitlines()) == ["[rank 0] hello from rank 0 of 2, sum 3", "[rank 1] hello from rank 1 of 2, sum 3"]
+    assert _result_text(run) == "100"
+    _no_ranks_left(kernel)
+
+
+def test_out_stores_every_ranks_value_and_the_cells_names_stay_on_the_ranks(kernel: Kernel) -> None:
+    run = kernel.execute("%%distributed -n 2 -o everyone\nsecret = state.process_index\nsecret * 10")
+    assert run.status == "ok"
+    assert _result_text(run) == "0"
+    check = kernel.execute("print(everyone, 'secret' in globals())")
+    assert check.stdout == "[0, 10] False\n"
+
+
+def test_a_trailing_semicolon_shows_no_result(kernel: Kernel) -> None:
+    run = kernel.execute("%%distributed -n 2\nstate.process_index + 100;")
+    assert run.status == "ok"
+    assert _result_text(run) is None
+
+
+def test_a_failing_rank_makes_the_cell_fail_naming_the_rank_and_the_cells_line(kernel: Kernel) -> None:
+    run = kernel.execute(
+        "%%distributed -n 2\n"
+        "if state.process_index == 1:\n"
+        "    print('rank 1 gives up')\n"
+        "    raise ValueError('boom in the cell')\n"
+    )
+    assert run.status == "error"
+    assert run.error["ename"] == "RankFailedError"
+    text = _traceback(run)
+    assert "rank 1 failed: ValueError: boom in the cell" in text
+    assert "line 4, in distributed_cell" in text  # counted from the %%distributed line
+    assert "raise ValueError('boom in the cell')" in text
+    assert "magics.py" not in text and "supervisor.py" not in text
+    _no_ranks_left(kernel)
+
+
+def test_a_syntax_error_fails_the_cell_at_once_without_starting_a_rank(kernel: Kernel) -> None:
+    spy = kernel.execute(
+        "import nbaccel.launcher as _launcher\n"
+        "_calls = []\n"
+        "_real = _launcher.notebook_launcher\n"
+        "_launcher.notebook_launcher = lambda *a, **k: _calls.append(1) or _real(*a, **k)"
+    )
+    assert spy.status == "ok"
+    try:
+        run = kernel.execute("%%distributed -n 2\nprint('never')\nx = (\n")
+        assert run.status == "error"
+        assert run.error["ename"] == "CellSyntaxError"
+        text = _traceback(run)
+        assert "SyntaxError" in text and "x = (" in text and "line 3" in text
+        assert "magics.py" not in text
+        assert run.stdout == ""
+        assert kernel.execute("print(len(_calls))").stdout == "0\n"
+    finally:
+        kernel.execute("_launcher.notebook_launcher = _real")
+
+
+def test_a_wrong_option_is_a_one_line_usage_error(kernel: Kernel) -> None:
+    run = kernel.execute("%%distributed -n zero\n1")
+    assert run.status == "error"
+    # ipykernel reports a UsageError in the reply and on stderr, with no traceback.
+    assert run.reply["content"]["ename"] == "UsageError"
+    assert run.stderr == "UsageError: argument -n/--num-processes: expected a whole number >= 1, got 'zero'\n"
+
+
+def test_help_shows_the_options(kernel: Kernel) -> None:
+    run = kernel.execute("%%distributed?")
+    assert run.status == "ok"
+    pages = [p for p in run.reply["content"].get("payload", []) if p.get("source") == "page"]
+    text = pages[0]["data"]["text/plain"]
+    for option in ("--num-processes", "--gpus", "--mixed-precision", "--start-method", "--timeout", "--max-restarts", "--out", "--text", "--widgets"):
+        assert option in text, option
+
+
+def test_unload_ext_removes_the_magic(kernel: Kernel) -> None:
+    assert kernel.execute("%unload_ext nbaccel").status == "ok"
+    try:
+        run = kernel.execute("%%distributed -n 2\n1")
+        assert run.status == "error"
+        assert "Cell magic `%%distributed` not found" in run.reply["content"]["evalue"]
+    finally:
+        assert kernel.execute("%load_ext nbaccel").status == "ok"
+    assert kernel.execute("%%distributed -n 2 --text\n7").status == "ok"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        'c.InteractiveShellApp.extensions = ["nbaccel"]',
+        'c.MagicsManager.lazy_magics = {"distributed": "nbaccel"}',
+    ],
+)
+def test_ipython_config_loads_nbaccel_without_load_ext(tmp_path: Path, config: str) -> None:
+    profile = tmp_path / "profile_default"
+    profile.mkdir()
+    (profile / "ipython_kernel_config.py").write_text(f"c = get_config()\n{config}\n")
+    with running_kernel(env={"IPYTHONDIR": str(tmp_path), "NBACCEL_OUTPUT": "text"}) as k:
+        run = k.execute("%%distributed -n 2\nstate.process_index + 1")
+        assert run.status == "ok", run.error
+        assert _result_text(run) == "1"
