@@ -1,0 +1,155 @@
+"""Full per-rank logs of a launch, in a folder of their own, keeping only the latest launches.
+
+The widget view shows each rank's latest lines only; the whole output goes to
+``<root>/<launch>/rank<N>.log``. ``root`` is ``$NBACCEL_LOG_DIR`` or the user's cache
+(``$XDG_CACHE_HOME/nbaccel/logs``, else ``~/.cache/nbaccel/logs``). Each new launch removes the
+oldest launch folders beyond ``keep`` (default 20), except folders a running launch holds (an
+advisory lock on ``<launch>/.lock``), so a kernel that launches hundreds of times never fills
+the disk, and two kernels never delete each other's live logs.
+
+Example:
+    >>> logs = LaunchLogs.create(root=tmp, keep=3)  # doctest: +SKIP
+    >>> logs.write(0, ["hello"])                   # doctest: +SKIP
+    >>> logs.close()                               # doctest: +SKIP
+    >>> (logs.path / "rank0.log").read_text()      # doctest: +SKIP
+    'hello\\n'
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import IO
+
+ENV_VAR = "NBACCEL_LOG_DIR"
+DEFAULT_KEEP = 20
+_LOCK_NAME = ".lock"
+_counter = itertools.count(1)
+
+
+def default_root() -> Path:
+    """Where launch folders go unless told otherwise."""
+    configured = os.environ.get(ENV_VAR)
+    if configured:
+        return Path(configured).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "nbaccel" / "logs"
+
+
+class LaunchLogs:
+    """One launch's log folder: one file per rank (and attempt), appended to as output comes."""
+
+    def __init__(self, path: Path, lock_fd: int | None) -> None:
+        self.path = path
+        self._lock_fd = lock_fd
+        self._files: dict[tuple[int, int], IO[str]] = {}
+        self.attempt = 0
+
+    @classmethod
+    def create(cls, root: Path | None = None, keep: int = DEFAULT_KEEP) -> LaunchLogs | None:
+        """A new launch folder under ``root`` (pruning old ones); None if it cannot be made.
+
+        Logs are a convenience: a read-only home or a full disk must not stop a launch.
+        """
+        root = default_root() if root is None else Path(root)
+        name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_counter)}"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            prune(root, keep=max(keep - 1, 0))
+            path = root / name
+            path.mkdir()
+            lock_fd = os.open(path / _LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None
+        return cls(path, lock_fd)
+
+    def file_for(self, rank: int) -> Path:
+        suffix = "" if self.attempt == 0 else f".attempt{self.attempt + 1}"
+        return self.path / f"rank{rank}{suffix}.log"
+
+    def write(self, rank: int, lines: list[str]) -> None:
+        handle = self._handle(rank)
+        if handle is not None:
+            handle.write("".join(line + "\n" for line in lines))
+
+    def flush(self) -> None:
+        for handle in self._files.values():
+            try:
+                handle.flush()
+            except OSError:
+                pass
+
+    def reopen(self, attempt: int) -> None:
+        """Hold the folder again for a later attempt of a restarted launch (files of its own)."""
+        self.close()
+        self.attempt = attempt
+        try:
+            lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # pruned meanwhile, or held: this attempt keeps no log
+        self._lock_fd = lock_fd
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            try:
+                handle.close()
+            except OSError:
+                pass
+        self._files.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock: the folder may be pruned from now on
+            self._lock_fd = None
+
+    def _handle(self, rank: int) -> IO[str] | None:
+        key = (rank, self.attempt)
+        handle = self._files.get(key)
+        if handle is None and self._lock_fd is not None:
+            try:
+                handle = open(self.file_for(rank), "a", encoding="utf-8", errors="backslashreplace")
+            except OSError:
+                return None
+            self._files[key] = handle
+        return handle
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` newest launch folders under ``root`` that no launch holds."""
+    try:
+        folders = [p for p in root.iterdir() if p.is_dir() and (p / _LOCK_NAME).exists()]
+    except OSError:
+        return []
+    folders.sort(key=_mtime, reverse=True)
+    removed = []
+    for folder in folders[keep:]:
+        if _held(folder):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _held(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / _LOCK_NAME, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's lock, if it got one
+    return False

@@ -1,0 +1,325 @@
+"""WidgetSink: the live view of a launch in a notebook, one tab per rank, rank 0 first.
+
+Every sink call only changes Python state (cheap); a rank's widgets are pushed at most every
+``interval`` seconds (20 updates/s by default), every line kept and in order. Pushes happen in
+the sink calls themselves when a rank is due, and otherwise from a small ticker thread that
+also drives the elapsed-time clock: the supervisor's loop sleeps until a pipe has data, so
+without the ticker the last lines before a quiet spell would wait for the next one. A caller
+with a loop of its own may drive ``tick()`` instead (``ticker=False``).
+
+At the end (``launch_finished``, or when the last rank has finished, which also covers timeouts
+and interrupts) the widget's display is replaced by a static HTML + text view of every rank
+(see ``static_view``) and the widgets are closed: the saved notebook shows what happened
+without widget state, and a kernel that launches hundreds of times keeps no widgets around.
+The full output of every rank is in a per-launch log folder (see ``logdir``).
+
+Example::
+
+    notebook_launcher(train, num_processes=4, output=WidgetSink())
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..outcome import RankOutcome, Status
+from . import events
+from .launch_view import LaunchView
+from .logdir import DEFAULT_KEEP, LaunchLogs
+from .static_view import static_bundle
+from .status_text import RUNNING, elapsed_words, failure_headline, rank_state
+
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class Publisher(Protocol):
+    """Where the launch's output is displayed (IPython's display machinery in a kernel)."""
+
+    def show(self, bundle: dict[str, Any], display_id: str) -> None: ...
+
+    def update(self, bundle: dict[str, Any], display_id: str) -> None: ...
+
+
+class IPythonPublisher:
+    """Displays into the cell that is running (``display_data`` / ``update_display_data``)."""
+
+    def show(self, bundle: dict[str, Any], display_id: str) -> None:
+        from IPython.display import display
+
+        display(bundle, raw=True, display_id=display_id)
+
+    def update(self, bundle: dict[str, Any], display_id: str) -> None:
+        from IPython.display import update_display
+
+        update_display(bundle, raw=True, display_id=display_id)
+
+
+class WidgetSink:
+    """Live per-rank widgets, coalesced, capped, with full logs and a static view at the end.
+
+    Args:
+        max_lines: lines each rank's panel keeps in the browser (older ones stay in the log).
+        max_displays: rich outputs (figures, tables) each panel keeps.
+        interval: least seconds between two pushes of one rank's panel.
+        log_root: parent folder of the per-launch log folders (default: see ``logdir``);
+            ``False`` keeps no logs.
+        keep_launches: launch folders kept under ``log_root``.
+        publisher: where the view is displayed (default: IPython's display, into the cell).
+        ticker: run the thread that pushes late lines and the clock (else call ``tick()``).
+    """
+
+    def __init__(
+        self,
+        max_lines: int = 500,
+        max_displays: int = 20,
+        interval: float = 0.05,
+        log_root: Path | str | bool | None = None,
+        keep_launches: int = DEFAULT_KEEP,
+        publisher: Publisher | None = None,
+        ticker: bool = True,
+    ) -> None:
+        self.max_lines = max_lines
+        self.max_displays = max_displays
+        self.interval = interval
+        self.publisher = publisher or IPythonPublisher()
+        self.view: LaunchView | None = None
+        self.logs: LaunchLogs | None = None
+        self.display_id: str | None = None
+        self.finished = True
+        self._log_root = log_root
+        self._keep = keep_launches
+        self._use_ticker = ticker
+        self._ticker: _Ticker | None = None
+        self._lock = threading.RLock()
+        self._started_at = 0.0
+        self._last_push: list[float] = []
+        self._last_clock = 0.0
+        self._finished_ranks: set[int] = set()
+        self._outcomes: dict[int, RankOutcome] = {}
+        self._cell_hook: Any = None
+
+    # -- the Sink protocol -------------------------------------------------------------------
+
+    def launch_started(self, num_processes: int, attempt: int) -> None:
+        self._finish()  # a previous attempt that ended without launch_finished
+        with self._lock:
+            self._open_logs(attempt)
+            files = [str(self.logs.file_for(r)) for r in range(num_processes)] if self.logs else None
+            self.view = LaunchView(
+                num_processes, attempt, log_dir=str(self.logs.path) if self.logs else None,
+                log_files=files, max_lines=self.max_lines, max_displays=self.max_displays,
+            )
+            self.finished = False
+            self._started_at = self._last_clock = time.monotonic()
+            self._last_push = [0.0] * num_processes
+            self._finished_ranks = set()
+            self._outcomes = {}
+            self.display_id = f"nbaccel-{uuid.uuid4().hex}"
+            self.publisher.show(self._live_bundle(), self.display_id)
+            self._watch_cell_end()
+        if self._use_ticker:
+            self._ticker = _Ticker(self, self.interval)
+            self._ticker.start()
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        with self._lock:
+            if self.view is None or self.finished:
+                return
+            if self.logs is not None:
+                self.logs.write(rank, lines)
+            self._mark_running(rank)
+            self.view.panels[rank].add_lines(stream, lines)
+            self._push_due(time.monotonic())
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        with self._lock:
+            if self.view is None or self.finished:
+                return
+            self._mark_running(rank)
+            panel = self.view.panels[rank]
+            kind = event.get("type")
+            if kind == events.DISPLAY:
+                panel.add_display(event)
+                self._log_event(rank, event)
+            elif kind == events.CLEAR_OUTPUT:
+                panel.clear(bool(event.get("wait")))
+            elif kind == events.PROGRESS:
+                panel.set_progress(event)
+                if event.get("closed") and event.get("leave", True):
+                    self._log_event(rank, event)
+            elif kind != events.STARTED:
+                text = events.plain_text(event)  # a newer rank's event: its text, if any
+                if text:
+                    panel.add_lines("stdout", text.splitlines())
+            self._push_due(time.monotonic())
+
+    def rank_finished(self, outcome: RankOutcome) -> None:
+        with self._lock:
+            if self.view is None or self.finished:
+                return
+            rank = outcome.rank
+            self._outcomes[rank] = outcome
+            self._finished_ranks.add(rank)
+            state = rank_state(outcome)
+            if outcome.is_failure:
+                self.view.panels[rank].set_failure(outcome)
+                if not any(self._outcomes[r].is_failure for r in self._finished_ranks if r != rank):
+                    self.view.set_banner(failure_headline(outcome) + f" (its traceback is at the top of the rank {rank} tab)")
+            self._push(rank, time.monotonic())
+            self.view.set_state(rank, state)
+            all_done = len(self._finished_ranks) == self.view.num_processes
+        if all_done:
+            self._finish()
+
+    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        self._finish(outcomes)
+
+    # -- pushing -----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Push every rank that is due, and the clock; what the ticker thread calls."""
+        with self._lock:
+            if self.view is None or self.finished:
+                return
+            now = time.monotonic()
+            self._push_due(now)
+            if now - self._last_clock >= 1.0:
+                self._last_clock = now
+                self.view.set_clock(f"running · {elapsed_words(now - self._started_at)}")
+
+    def _push_due(self, now: float) -> None:
+        assert self.view is not None
+        for rank, panel in enumerate(self.view.panels):
+            if panel.has_changes and now - self._last_push[rank] >= self.interval:
+                self._push(rank, now)
+
+    def _push(self, rank: int, now: float) -> None:
+        assert self.view is not None
+        self._last_push[rank] = now
+        self.view.panels[rank].sync()
+
+    def _mark_running(self, rank: int) -> None:
+        assert self.view is not None
+        if rank not in self._finished_ranks and self.view.states[rank] != RUNNING:
+            self.view.set_state(rank, RUNNING)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def _finish(self, outcomes: list[RankOutcome] | None = None) -> None:
+        """Replace the live view by the static one and close the widgets (once per attempt)."""
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.stop()  # outside the lock: the ticker may be waiting for it
+        with self._lock:
+            if self.view is None or self.finished:
+                return
+            self.finished = True
+            view = self.view
+            for outcome in outcomes or []:
+                if outcome.rank not in self._finished_ranks and outcome.status is not Status.RUNNING:
+                    self._outcomes[outcome.rank] = outcome
+                    view.set_state(outcome.rank, rank_state(outcome))
+            for rank, panel in enumerate(view.panels):
+                panel.sync()
+            summary = self._summary(time.monotonic() - self._started_at)
+            view.set_clock(summary)
+            if self.logs is not None:
+                self.logs.close()  # flushes; the folder may be pruned by later launches from now on
+            try:
+                assert self.display_id is not None
+                self.publisher.update(static_bundle(view, summary), self.display_id)
+            finally:
+                view.close()
+                self._unwatch_cell_end()
+
+    def close(self) -> None:
+        """End the view now if it is still live (the cell ended without launch_finished)."""
+        self._finish()
+
+    def _summary(self, elapsed: float) -> str:
+        assert self.view is not None
+        states = self.view.states
+        failed = [s for s in states if s.is_failure]
+        if failed:
+            return f"failed after {elapsed_words(elapsed)}"
+        if all(s.kind == "done" for s in states):
+            return f"done in {elapsed_words(elapsed)}"
+        if any(s.short == "interrupted" for s in states):
+            return f"interrupted after {elapsed_words(elapsed)}"
+        if any(s.short == "timed out" for s in states):
+            return f"timed out after {elapsed_words(elapsed)}"
+        return f"ended after {elapsed_words(elapsed)}"
+
+    def _live_bundle(self) -> dict[str, Any]:
+        assert self.view is not None
+        n = self.view.num_processes
+        return {
+            WIDGET_VIEW_MIME: {"model_id": self.view.root.model_id, "version_major": 2, "version_minor": 0},
+            "text/plain": f"nbaccel: {n} rank{'s' if n != 1 else ''} running (a live view needs a frontend with ipywidgets; the result replaces this line)",
+        }
+
+    def _open_logs(self, attempt: int) -> None:
+        if self._log_root is False:
+            return
+        if self.logs is None:
+            root = None if self._log_root in (None, True) else Path(str(self._log_root))
+            self.logs = LaunchLogs.create(root, keep=self._keep)
+        else:
+            self.logs.reopen(attempt)
+
+    def _log_event(self, rank: int, event: dict[str, Any]) -> None:
+        text = events.plain_text(event)
+        if self.logs is not None and text:
+            self.logs.write(rank, text.splitlines())
+
+    def _watch_cell_end(self) -> None:
+        """Finish the view when the cell ends, whatever happened (a second interrupt, say)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None:
+            return
+
+        def on_cell_end(*_: Any) -> None:
+            self.close()
+
+        shell.events.register("post_run_cell", on_cell_end)
+        self._cell_hook = (shell, on_cell_end)
+
+    def _unwatch_cell_end(self) -> None:
+        if self._cell_hook is None:
+            return
+        shell, hook = self._cell_hook
+        self._cell_hook = None
+        try:
+            shell.events.unregister("post_run_cell", hook)
+        except ValueError:
+            pass
+
+
+class _Ticker(threading.Thread):
+    """Calls ``sink.tick()`` every ``interval`` seconds until stopped."""
+
+    def __init__(self, sink: WidgetSink, interval: float) -> None:
+        super().__init__(name="nbaccel-widget-ticker", daemon=True)
+        self._sink = sink
+        self._interval = interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval):
+            try:
+                self._sink.tick()
+            except Exception:  # noqa: BLE001 - a failed push must not kill the clock; the next may work
+                pass
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join(timeout=2.0)
