@@ -69,7 +69,10 @@ def _interrupted_launch() -> None:
         nbaccel.notebook_launcher(hangs, num_processes=2, output=sink)
 
 
-def test_two_hundred_launches_leak_nothing() -> None:
+def test_two_hundred_launches_leak_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A private temp dir, so other programs' files do not count (and ours cannot hide among them).
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     nbaccel.notebook_launcher(with_process_group, num_processes=2, output=CollectingSink())  # warm-up: lazy imports
     before = _resources()
     for i in range(200):
