@@ -221,17 +221,18 @@ def _set_up(cpu: bool, kwargs: dict[str, Any]) -> _Snapshot:
     """Read the environment, join (or create) the process group, and snapshot the result."""
     env = LaunchEnvironment.read()
     device_type = _device_type(cpu, env)
-    device = _device(device_type, env.local_rank)
-    if device_type == "cuda" and env.is_distributed:
-        torch.cuda.set_device(device)  # before the group exists, so nccl binds the right GPU
+    if device_type == "cuda" and env.is_distributed and process_group.current_group() is None:
+        # Before the group exists, so that nccl binds this rank's GPU.
+        torch.cuda.set_device(_device(device_type, env.local_index(env.rank or 0)))
     group = process_group.join_default_group(env, process_group.default_backend(device_type), dict(kwargs))
+    local_index = env.local_index(group.rank if group else 0)
     return _Snapshot(
-        device=device,
+        device=_device(device_type, local_index),
         distributed_type=_distributed_type(group, device_type),
         backend=group.backend if group else None,
         num_processes=group.world_size if group else 1,
         process_index=group.rank if group else 0,
-        local_process_index=_local_index(env, group),
+        local_process_index=local_index,
         mixed_precision=env.mixed_precision,
         debug=env.debug,
         init_kwargs=dict(kwargs),
@@ -262,12 +263,6 @@ def _distributed_type(group: GroupInfo | None, device_type: str) -> DistributedT
     if group is None or group.world_size == 1:
         return DistributedType.NO
     return DistributedType.MULTI_GPU if device_type == "cuda" else DistributedType.MULTI_CPU
-
-
-def _local_index(env: LaunchEnvironment, group: GroupInfo | None) -> int:
-    if group is not None and not (env.world_size_from_env or env.local_rank_from_env):
-        return group.rank  # a group made by hand with no launch variables: assume one machine
-    return env.local_rank
 
 
 def _check_same_request(shared: _Snapshot, cpu: bool, kwargs: dict[str, Any]) -> None:

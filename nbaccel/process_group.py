@@ -77,9 +77,11 @@ def join_default_group(env: LaunchEnvironment, backend: str, kwargs: dict[str, A
 
 def check_agreement(env: LaunchEnvironment, group: GroupInfo) -> None:
     """Raise when the process group and the launch environment describe different launches."""
-    if not env.world_size_from_env:
-        return  # a group made by hand without WORLD_SIZE/RANK: the group is the only truth
-    if (group.world_size, group.rank) != (env.world_size, env.rank):
+    # Only what the environment states is compared: a group made by hand without WORLD_SIZE or
+    # RANK (or a launcher that sets WORLD_SIZE only) leaves the group as the only truth.
+    world_size = group.world_size if env.world_size is None else env.world_size
+    rank = group.rank if env.rank is None else env.rank
+    if (group.world_size, group.rank) != (world_size, rank):
         raise ValueError(
             f"The process group has world size {group.world_size} and rank {group.rank}, but the "
             f"environment says WORLD_SIZE={env.world_size} and RANK={env.rank}. Ranks would "
@@ -118,6 +120,12 @@ def _create(env: LaunchEnvironment, backend: str, kwargs: dict[str, Any]) -> Gro
             "has no torch.distributed. Install a torch build with distributed support."
         )
     using_env_rendezvous = kwargs.get("init_method") in (None, "env://") and "store" not in kwargs
+    if using_env_rendezvous and env.rank is None and "rank" not in kwargs:
+        raise ValueError(
+            f"WORLD_SIZE={env.world_size} says this is one of {env.world_size} processes, but RANK "
+            "is not set, so this process cannot know which one it is. Launch with "
+            "nbaccel.notebook_launcher, torchrun or accelerate launch, which set both."
+        )
     if using_env_rendezvous and not (env.master_addr and env.master_port):
         raise ValueError(
             f"WORLD_SIZE={env.world_size} says this is one of {env.world_size} processes, but "

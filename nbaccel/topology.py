@@ -46,19 +46,17 @@ def normalize_mixed_precision(value: object, where: str) -> str:
 
 @dataclass(frozen=True)
 class LaunchEnvironment:
-    """The launch variables of one process, parsed and checked.
+    """The launch variables of one process, parsed and checked; None where a variable is unset.
 
-    ``world_size`` is 1 and ``rank``/``local_rank`` are 0 when nothing was launched (a plain
-    kernel or script). ``device_type`` is what a launcher chose ("cpu", "cuda") or None when it
-    did not say (torchrun, ``accelerate launch``).
+    ``device_type`` is what a launcher chose ("cpu", "cuda") or None when it did not say
+    (torchrun, ``accelerate launch``). A launcher may leave RANK out when it creates the process
+    group itself (Accelerate's ``debug_launcher`` does); the group then tells the rank.
     """
 
-    world_size: int = 1
-    rank: int = 0
-    local_rank: int = 0
-    local_world_size: int = 1
-    world_size_from_env: bool = False
-    local_rank_from_env: bool = False
+    world_size: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    local_world_size: int | None = None
     device_type: str | None = None
     use_cpu: bool = False
     mixed_precision: str = "no"
@@ -69,7 +67,17 @@ class LaunchEnvironment:
     @property
     def is_distributed(self) -> bool:
         """True when the environment describes more than one process."""
-        return self.world_size > 1
+        return (self.world_size or 1) > 1
+
+    def local_index(self, rank: int) -> int:
+        """This process's index on its machine, given its global ``rank``.
+
+        LOCAL_RANK when set; otherwise ``rank`` modulo LOCAL_WORLD_SIZE, or ``rank`` itself
+        (one machine) when that is unset too.
+        """
+        if self.local_rank is not None:
+            return self.local_rank
+        return rank % self.local_world_size if self.local_world_size else rank
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
@@ -77,31 +85,16 @@ class LaunchEnvironment:
         environ = os.environ if environ is None else environ
         world_size = _int_var(environ, "WORLD_SIZE", minimum=1)
         rank = _int_var(environ, "RANK", minimum=0)
-        if world_size is not None and world_size > 1 and rank is None:
+        if world_size is not None and rank is not None and rank >= world_size:
             raise ValueError(
-                f"WORLD_SIZE={world_size} says this is one of {world_size} processes, but RANK is not "
-                "set, so this process cannot know which one it is. Launch with "
-                "nbaccel.notebook_launcher, torchrun or accelerate launch, which set both."
+                f"RANK={rank} is not below WORLD_SIZE={world_size}: ranks run from 0 to "
+                "WORLD_SIZE-1. Check the variables your launcher exported."
             )
-        world = 1 if world_size is None else world_size
-        rank = 0 if rank is None else rank
-        if rank >= world:
-            raise ValueError(
-                f"RANK={rank} is not below WORLD_SIZE={world}: ranks run from 0 to WORLD_SIZE-1. "
-                "Check the variables your launcher exported."
-            )
-        local_world = _int_var(environ, "LOCAL_WORLD_SIZE", minimum=1)
-        local_rank = _int_var(environ, "LOCAL_RANK", minimum=0)
-        local_rank_from_env = local_rank is not None
-        if local_rank is None:  # single-node assumption when only global ranks were given
-            local_rank = rank % local_world if local_world else rank
         return cls(
-            world_size=world,
+            world_size=world_size,
             rank=rank,
-            local_rank=local_rank,
-            local_world_size=local_world or world,
-            world_size_from_env=world_size is not None,
-            local_rank_from_env=local_rank_from_env,
+            local_rank=_int_var(environ, "LOCAL_RANK", minimum=0),
+            local_world_size=_int_var(environ, "LOCAL_WORLD_SIZE", minimum=1),
             device_type=_device_type(environ),
             use_cpu=is_truthy(environ.get(names.ACCELERATE_USE_CPU)),
             mixed_precision=normalize_mixed_precision(

@@ -343,3 +343,78 @@ def test_state_print_reaches_the_notebook_once(capsys):
     launch(print_once, num_processes=2)
     out = capsys.readouterr().out
     assert "[rank 0] Accelerate is the best" in out and "[rank 1]" not in out
+
+
+def two_machines() -> dict:
+    """4 ranks posing as 2 machines of 2 processes (as a 2-node launch sets LOCAL_RANK)."""
+    import time
+
+    rank = int(os.environ["RANK"])
+    os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", NODE_RANK=str(rank // 2), GROUP_RANK=str(rank // 2))
+    from nbaccel import PartialState
+
+    from ._rank_checks import printed
+
+    state = PartialState()
+
+    @state.on_local_main_process
+    def once_per_server() -> None:
+        print("This will be printed by process 0 only on each server.")
+
+    @state.on_local_process(local_process_index=1)
+    def local_one() -> None:
+        print(f"Printed on process {state.local_process_index}")
+
+    seen = {
+        "local_index": state.local_process_index,
+        "is_local_main": state.is_local_main_process,
+        "is_main": state.is_main_process,
+        "on_local_main_process": printed(once_per_server),
+        "on_local_process": printed(local_one),
+        "print": printed(lambda: state.print("once per machine")),
+    }
+    with state.local_main_process_first():
+        seen["entered"] = time.time()
+        if state.is_local_main_process:
+            time.sleep(0.2)
+        seen["left"] = time.time()
+    try:
+        with state.local_main_process_first():
+            if state.process_index == 2:  # the second machine's leader fails
+                raise OSError("disk full")
+            seen["failure"] = "ran the block"
+    except Exception as exc:  # noqa: BLE001
+        seen["failure"] = type(exc).__name__
+    return seen
+
+
+def test_two_machines_have_a_local_main_process_each():
+    got = launch(two_machines, num_processes=4)
+    for rank, g in enumerate(got):
+        leader = rank % 2 == 0
+        assert (g["local_index"], g["is_local_main"], g["is_main"]) == (rank % 2, leader, rank == 0)
+        assert g["on_local_main_process"] == ("This will be printed by process 0 only on each server.\n" if leader else "")
+        assert g["on_local_process"] == ("" if leader else "Printed on process 1\n")
+        assert g["print"] == ("once per machine\n" if leader else "")
+        if not leader:
+            assert g["entered"] >= got[rank - 1]["left"] - 0.02, f"rank {rank} entered before its machine's leader left"
+    assert [g["failure"] for g in got] == ["ran the block", "FirstProcessFailedError", "OSError", "FirstProcessFailedError"]
+
+
+def under_accelerate_debug_launcher() -> None:
+    """Accelerate's debug_launcher creates the group itself (FileStore) and sets WORLD_SIZE but no RANK."""
+    import torch.distributed as dist
+
+    from nbaccel import PartialState
+
+    state = PartialState()
+    assert (state.num_processes, state.process_index) == (dist.get_world_size(), dist.get_rank()) == (2, dist.get_rank())
+    assert state.distributed_type == "MULTI_CPU" and state.fork_launched
+    assert state.local_process_index == state.process_index
+    state.wait_for_everyone()
+    state.destroy_process_group()  # fork launched: left to the launcher
+
+
+def test_state_under_accelerates_debug_launcher():
+    accelerate = pytest.importorskip("accelerate")
+    accelerate.debug_launcher(under_accelerate_debug_launcher, num_processes=2)
