@@ -32,10 +32,15 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass
 class Job:
-    """The function every rank runs, with its positional arguments."""
+    """The function every rank runs, with its positional arguments.
+
+    With ``pass_ends`` the function also gets the rank's ChildEnds first (persistent workers
+    read their commands from ``ends.commands``).
+    """
 
     function: Callable[..., Any]
     args: tuple[Any, ...] = ()
+    pass_ends: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class ChildEnds:
     stdout: int
     stderr: int
     channel: int
+    commands: int | None = None  # read end of the kernel's commands (persistent workers only)
 
 
 def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
@@ -58,7 +64,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         _forget_kernel_state()
         _pin_device(env)
         rank_hooks.install(ends.channel)
-        exit_code = execute(job, ends.channel)
+        exit_code = execute(job, ends)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:
             traceback.print_exc()
@@ -115,10 +121,11 @@ def _pin_device(env: dict[str, str]) -> None:
         torch.cuda.set_device(int(env["LOCAL_RANK"]))
 
 
-def execute(job: Job, channel_fd: int) -> int:
+def execute(job: Job, ends: ChildEnds) -> int:
     """Call the function, send its result or its error on the channel; the exit code."""
+    channel_fd = ends.channel
     try:
-        value = job.function(*job.args)
+        value = job.function(*((ends, *job.args) if job.pass_ends else job.args))
     except SystemExit as exc:
         code = _exit_code(exc)
         if code != 0:

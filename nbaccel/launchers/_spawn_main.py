@@ -16,10 +16,11 @@ def main() -> None:
     spec = pickle.loads(payload)  # bytes from our own parent, over a private pipe
     linecache.cache.update(spec["sources"])
 
-    from nbaccel.launchers.spawn import CHANNEL_FD
+    from nbaccel.launchers.spawn import CHANNEL_FD, COMMANDS_FD
     from nbaccel.worker import ChildEnds, run_rank
 
-    run_rank(spec["job"], spec["rank"], spec["env"], ChildEnds(1, 2, CHANNEL_FD), [], spec["parent_pid"])
+    ends = ChildEnds(1, 2, CHANNEL_FD, COMMANDS_FD if spec["commands"] else None)
+    run_rank(spec["job"], spec["rank"], spec["env"], ends, [], spec["parent_pid"])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 from ..worker import ChildEnds, Job
 
 CHANNEL_FD = 3  # where the spawned rank finds its channel pipe
+COMMANDS_FD = 4  # and, for persistent workers, its command pipe
 
 
 class SpawnStarter:
@@ -31,20 +32,22 @@ class SpawnStarter:
         import cloudpickle
 
         payload = cloudpickle.dumps(
-            {"job": job, "rank": rank, "env": env, "parent_pid": os.getpid(), "sources": _cell_sources(job)}
+            {"job": job, "rank": rank, "env": env, "parent_pid": os.getpid(), "sources": _cell_sources(job), "commands": ends.commands is not None}
         )
+        actions = [
+            (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
+            (os.POSIX_SPAWN_DUP2, ends.stderr, 2),
+            (os.POSIX_SPAWN_DUP2, ends.channel, CHANNEL_FD),
+        ]
+        if ends.commands is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, ends.commands, COMMANDS_FD))
         payload_r, payload_w = os.pipe()
         try:
             pid = os.posix_spawn(
                 sys.executable,
                 [sys.executable, "-m", "nbaccel.launchers._spawn_main"],
                 _child_environment(env),
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, payload_r, 0),
-                    (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
-                    (os.POSIX_SPAWN_DUP2, ends.stderr, 2),
-                    (os.POSIX_SPAWN_DUP2, ends.channel, CHANNEL_FD),
-                ],
+                file_actions=[(os.POSIX_SPAWN_DUP2, payload_r, 0), *actions],
                 setsid=True,  # its own session and process group, like a forked rank's
             )
         finally:

@@ -33,18 +33,24 @@ _F_SETPIPE_SZ = 1031  # Linux: a bigger pipe means fewer wake-ups for chatty ran
 class RankPipes:
     """The kernel's read ends of one rank's stdout, stderr and channel pipes."""
 
-    def __init__(self, rank: int, stdout: int, stderr: int, channel_fd: int) -> None:
+    def __init__(self, rank: int, stdout: int, stderr: int, channel_fd: int, commands: int | None = None) -> None:
         self.rank = rank
         self.stdout = stdout
         self.stderr = stderr
         self.channel = channel_fd
+        self.commands = commands  # the write end of the rank's command pipe (persistent workers)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=_LAST_LINES)
         self._splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
         self._decoder = channel.FrameDecoder()
 
     @property
     def fds(self) -> list[int]:
+        """The read ends the kernel watches."""
         return [self.stdout, self.stderr, self.channel]
+
+    @property
+    def all_fds(self) -> list[int]:
+        return self.fds if self.commands is None else [*self.fds, self.commands]
 
     def read_stream(self, fd: int, stream: str, sink: Sink) -> bool:
         """Relay what ``fd`` holds now; False at end of file."""
@@ -87,15 +93,16 @@ class RankPipes:
         return frames
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in self.all_fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
 
 
-def open_rank_pipes(rank: int) -> tuple[RankPipes, ChildEnds]:
-    """Three pipes for one rank: kernel read ends (non-blocking) and the rank's write ends."""
+def open_rank_pipes(rank: int, with_commands: bool = False) -> tuple[RankPipes, ChildEnds]:
+    """One rank's pipes: stdout, stderr, channel (rank to kernel) and, for persistent workers,
+    commands (kernel to rank). Returns the kernel's ends (reads non-blocking) and the rank's."""
     ends: list[tuple[int, int]] = []
     try:
         for size in (1 << 18, 1 << 16, 1 << 20):  # stdout, stderr, channel
@@ -103,17 +110,22 @@ def open_rank_pipes(rank: int) -> tuple[RankPipes, ChildEnds]:
             ends.append((read_fd, write_fd))
             os.set_blocking(read_fd, False)
             _grow_pipe(write_fd, size)
+        if with_commands:
+            ends.append(os.pipe())
     except BaseException:
         for pair in ends:
             for fd in pair:
                 os.close(fd)
         raise
-    (out_r, out_w), (err_r, err_w), (chan_r, chan_w) = ends
-    return RankPipes(rank, out_r, err_r, chan_r), ChildEnds(out_w, err_w, chan_w)
+    (out_r, out_w), (err_r, err_w), (chan_r, chan_w) = ends[:3]
+    cmd_r, cmd_w = ends[3] if with_commands else (None, None)
+    return RankPipes(rank, out_r, err_r, chan_r, cmd_w), ChildEnds(out_w, err_w, chan_w, cmd_r)
 
 
 def close_child_ends(ends: ChildEnds) -> None:
-    for fd in (ends.stdout, ends.stderr, ends.channel):
+    for fd in (ends.stdout, ends.stderr, ends.channel, ends.commands):
+        if fd is None:
+            continue
         try:
             os.close(fd)
         except OSError:
