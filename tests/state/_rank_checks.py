@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401 - DDP imports it (800 modules, ~1-3 s) on first use; import once, before the fork
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
