@@ -86,6 +86,10 @@ def tutorial_examples(state: PartialState) -> dict[str, str]:
         if state.is_local_main_process:
             print("Accelerate is the best")
 
+    def push_to_hub() -> None:
+        if state.is_main_process:
+            print("pushed to the hub")
+
     @state.on_local_main_process
     def once_per_server() -> None:
         "Something done once per server"
@@ -108,6 +112,7 @@ def tutorial_examples(state: PartialState) -> dict[str, str]:
     seen = {
         "progress_bar": (steps, "disabled" if disabled else "shown"),
         "is_local_main_process": printed(wrapped_print),
+        "is_main_process": printed(push_to_hub),
         "on_local_main_process": printed(once_per_server),
         "on_main_process": printed(once),
         "on_process": printed(on_index_zero),
@@ -227,8 +232,9 @@ def wait_example(state: PartialState) -> dict[str, Any]:
 def first_examples(state: PartialState) -> dict[str, Any]:
     """main_process_first / local_main_process_first examples, with when each rank ran the block."""
     seen: dict[str, Any] = {}
+    accelerator = AcceleratorState()  # the reference shows main_process_first on the Accelerator
     for name, context, index in (
-        ("main", state.main_process_first, lambda: state.process_index),
+        ("main", accelerator.main_process_first, lambda: accelerator.process_index),
         ("local", state.local_main_process_first, lambda: state.local_process_index),
     ):
         out = io.StringIO()

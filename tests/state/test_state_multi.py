@@ -84,6 +84,7 @@ def test_execution_process_tutorial_runs_each_snippet_once(world):
             continue
         assert got == {
             "is_local_main_process": "Accelerate is the best\n",
+            "is_main_process": "pushed to the hub\n",
             "on_local_main_process": "done once per server\n",
             "on_main_process": "done once\n",
             "on_process": "done on process index 0\n",
