@@ -1,0 +1,442 @@
+"""Write the example notebooks (without outputs) from the cells below: ``python examples/make_examples.py``.
+
+The notebooks are committed; this script is how they are kept tidy. Every notebook runs on a
+CPU-only machine (two gloo ranks) and on GPUs (one rank per GPU) unchanged, so no cell names a
+process count: the default is one rank per visible GPU, or two CPU ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).parent
+
+Cell = tuple[str, str] | tuple[str, str, list[str]]
+
+
+def md(text: str) -> Cell:
+    return ("markdown", text.strip())
+
+
+def code(text: str, *tags: str) -> Cell:
+    return ("code", text.strip(), list(tags))
+
+
+QUICKSTART = [
+    md("""
+# Quickstart: `%%distributed` and `notebook_launcher`
+
+nbaccel runs PyTorch code on several processes (*ranks*) straight from a notebook: one rank per
+GPU, or two CPU ranks on gloo when the machine has no GPU. Every rank is forked from this kernel,
+so it sees the notebook's variables and imports, and what it prints shows up here labelled with
+its rank.
+"""),
+    code("%load_ext nbaccel"),
+    md("""
+## A cell on every rank
+
+`%%distributed` runs the cell on every rank. `state` is predefined: nbaccel's `PartialState`,
+which knows this rank's index, the number of ranks and the device to use (and sets up the
+process group the first time it is used). Rank 0's last expression is the cell's result.
+Pass `-n N` to choose the number of ranks; `%%distributed?` lists every option.
+"""),
+    code("""
+%%distributed
+import torch
+import torch.distributed as dist
+
+t = torch.tensor([state.process_index + 1.0], device=state.device)
+dist.all_reduce(t)  # every rank adds its value: 1 + 2 + ...
+print(f"rank {state.process_index} of {state.num_processes} on {state.device}: sum = {t.item():g}")
+t.item()
+"""),
+    md("""
+## Notebook variables in, every rank's value out
+
+The cell sees the notebook's variables as they are when it starts. The names it assigns stay on
+the ranks: `-o NAME` brings back the list of every rank's value (the last expression, or an
+explicit `return`).
+"""),
+    code("""
+greeting = "hello"
+scale = 10
+"""),
+    code("""
+%%distributed -o everyone
+message = f"{greeting} from rank {state.process_index}"
+print(message)
+state.process_index * scale
+"""),
+    code("""
+print("every rank's value:", everyone)
+print("did `message` leak into the notebook?", "message" in globals())
+"""),
+    md("""
+## When a rank fails
+
+The cell fails too. The error names the rank, shows its traceback with the cell's own lines, its
+last output, and how every rank ended; the other ranks are stopped. (This cell is tagged
+`raises-exception`, so running the whole notebook goes on past it.)
+"""),
+    code("""
+%%distributed
+print(f"rank {state.process_index} starts")
+if state.process_index == state.num_processes - 1:
+    raise ValueError(f"rank {state.process_index} does not like this batch")
+""", "raises-exception"),
+    md("""
+## The same for a function: `notebook_launcher`
+
+`nbaccel.notebook_launcher(function, args)` runs a function on every rank and returns the list of
+every rank's return value, rank 0 first. The function can be defined right here in the notebook.
+"""),
+    code("""
+import nbaccel
+
+
+def mean_of_my_shard(numbers):
+    state = nbaccel.PartialState()
+    with state.split_between_processes(numbers) as mine:
+        print(f"rank {state.process_index} averages {mine}")
+        return sum(mine) / len(mine)
+
+
+nbaccel.notebook_launcher(mean_of_my_shard, args=(list(range(8)),))
+"""),
+]
+
+
+DDP_TRAINING = [
+    md("""
+# DDP training with per-rank progress bars
+
+A small regression model trained with `DistributedDataParallel` on synthetic data. The data is
+made once in the kernel; every forked rank sees it and trains on its own shard
+(`DistributedSampler`). `state.device` is `cuda:<local rank>` on GPUs and `cpu` otherwise, so
+the same cell runs on both. Each rank shows its own progress bar.
+"""),
+    code("%load_ext nbaccel"),
+    code("""
+import os
+import tempfile
+
+import torch
+
+torch.manual_seed(0)
+X = torch.randn(2048, 16)
+true_w = torch.randn(16, 1)
+y = X @ true_w + 0.1 * torch.randn(2048, 1)
+checkpoint = os.path.join(tempfile.mkdtemp(prefix="nbaccel-example-"), "model.pt")
+X.shape, y.shape
+"""),
+    md("""
+## Train on every rank
+
+The main process saves the trained weights to `checkpoint`; the cell's result is rank 0's final
+loss, and `-o losses` keeps every rank's.
+"""),
+    code("""
+%%distributed -o losses
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm.auto import tqdm
+
+device = state.device
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
+# DDP starts every replica from rank 0's weights and averages the gradients at each backward().
+ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+dataset = TensorDataset(X, y)
+sampler = DistributedSampler(dataset, num_replicas=state.num_processes, rank=state.process_index, seed=0)
+loader = DataLoader(dataset, batch_size=64, sampler=sampler)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    for xb, yb in tqdm(loader, desc=f"rank {state.process_index} epoch {epoch}"):
+        xb, yb = xb.to(device), yb.to(device)
+        loss = F.mse_loss(ddp(xb), yb)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    state.print(f"epoch {epoch}: loss on rank 0's last batch {loss.item():.4f}")
+
+state.wait_for_everyone()  # every rank has finished its last step before the weights are saved
+if state.is_main_process:
+    torch.save(model.state_dict(), checkpoint)
+loss.item()
+"""),
+    md("""
+## Back in the kernel
+
+DDP kept the replicas identical, so the saved weights are the trained model. Load them into a
+model here and measure the error on the whole data set.
+"""),
+    code("""
+print("final loss of each rank:", [round(loss, 4) for loss in losses])
+
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+model.load_state_dict(torch.load(checkpoint, map_location="cpu"))  # keep CUDA out of the kernel
+with torch.no_grad():
+    mse = torch.nn.functional.mse_loss(model(X), y).item()
+print(f"mean squared error on all {len(X)} samples: {mse:.4f}")
+assert mse < torch.nn.functional.mse_loss(torch.zeros_like(y), y).item()
+"""),
+    code("""
+import shutil
+
+shutil.rmtree(os.path.dirname(checkpoint))
+"""),
+]
+
+
+EXECUTION_PROCESS = [
+    md("""
+# Controlling which process runs what
+
+When code runs on several processes at once, some of it should run only once (a log line, a
+progress bar, saving the model), some only on a given process, and some only after every process
+has reached the same point. `state` (nbaccel's `PartialState`) has Accelerate's tools for this.
+"""),
+    code("%load_ext nbaccel"),
+    md("""
+## Once per machine: `is_local_main_process`, `on_local_main_process`
+
+A progress bar or a log line once per machine (server), not once per process.
+"""),
+    code("""
+%%distributed
+import time
+from tqdm.auto import tqdm
+
+for step in tqdm(range(5), desc="steps", disable=not state.is_local_main_process):
+    time.sleep(0.01)
+
+if state.is_local_main_process:
+    print("nbaccel is the best (printed once per machine)")
+
+
+@state.on_local_main_process
+def do_my_thing():
+    "Something done once per server"
+    print(f"done once on this machine, by local process {state.local_process_index}")
+
+
+do_my_thing()
+"""),
+    md("""
+## Once overall: `is_main_process`, `on_main_process`, `print`
+
+Once across every process and machine, e.g. to upload the final model. `state.print` prints once.
+"""),
+    code("""
+%%distributed
+if state.is_main_process:
+    print("only the main process gets here: push to the hub, write the final report")
+
+
+@state.on_main_process
+def do_my_thing():
+    "Something done once, on the main process"
+    print(f"done once, by process {state.process_index}")
+
+
+do_my_thing()
+state.print(f"state.print prints once: {state.num_processes} processes are running")
+"""),
+    md("""
+## On a given process: `on_process`, `on_local_process`
+
+`on_process(process_index=...)` picks a global index; `on_local_process(local_process_idx=...)`
+picks a local index on every machine. A process index that does not exist (1 on a single-GPU
+machine) runs nowhere.
+"""),
+    code("""
+%%distributed
+@state.on_process(process_index=1)
+def on_index_one():
+    "Something done on process index 1"
+    print(f"done on process index {state.process_index}")
+
+
+@state.on_local_process(local_process_idx=0)
+def on_local_zero():
+    "Something done on local process 0 of each machine"
+    print(f"done on local process {state.local_process_index} of this machine")
+
+
+on_index_one()
+on_local_zero()
+"""),
+    md("""
+## Waiting: `wait_for_everyone`
+
+Some processes finish sooner than others. `wait_for_everyone()` blocks each process until all of
+them reach it, e.g. before saving a model that every process trained.
+"""),
+    code("""
+%%distributed
+import time
+
+time.sleep(0.2 * state.process_index)  # the higher the index, the slower
+print(f"process {state.process_index} reached the barrier at {time.strftime('%X')}")
+state.wait_for_everyone()
+print(f"process {state.process_index} passed it")
+"""),
+    md("""
+## The main process first: `main_process_first`
+
+The main process runs the block first (downloading a data set, building a cache); the others run
+it after, and find the work done.
+"""),
+    code("""
+import tempfile
+
+cache_dir = tempfile.mkdtemp(prefix="nbaccel-example-")
+"""),
+    code("""
+%%distributed
+import json
+import os
+
+path = os.path.join(cache_dir, "dataset.json")
+with state.main_process_first():
+    if not os.path.exists(path):
+        print(f"process {state.process_index} prepares the data set")
+        with open(path, "w") as f:
+            json.dump(list(range(10)), f)
+    else:
+        print(f"process {state.process_index} finds it ready")
+    with open(path) as f:
+        data = json.load(f)
+len(data)
+"""),
+    code("""
+import shutil
+
+shutil.rmtree(cache_dir)
+"""),
+    md("""
+## Sharing out the work: `split_between_processes`
+
+Each process gets its own contiguous part of a list, tuple, dict or tensor. With
+`apply_padding=True` every process gets the same number of items (the last one repeated), which
+is what `gather` needs.
+"""),
+    code("""
+%%distributed -o shares
+prompts = ["a cat", "a dog", "a bird", "a fish", "a frog"]
+with state.split_between_processes(prompts) as mine:
+    print(f"process {state.process_index} handles {mine}")
+with state.split_between_processes(prompts, apply_padding=True) as padded:
+    pass
+mine, padded
+"""),
+    code("""
+for index, (mine, padded) in enumerate(shares):
+    print(f"process {index}: {mine} (padded: {padded})")
+"""),
+]
+
+
+ACCELERATE = [
+    md("""
+# An `accelerate.Accelerator` training loop under `%%distributed`
+
+Code written for Accelerate runs unchanged in a `%%distributed` cell: every rank is launched with
+the environment Accelerate reads (rank, world size, rendezvous, mixed precision), so
+`Accelerator()` joins the ranks' process group, `prepare` shards the data, and `gather_for_metrics`
+collects results from every rank.
+"""),
+    code("%load_ext nbaccel"),
+    code("""
+# Imported once in the kernel: every forked rank inherits it instead of importing it again.
+import accelerate
+import torch
+
+torch.manual_seed(0)
+X = torch.randn(1024, 8)
+y = (X.sum(dim=1, keepdim=True) > 0).float()
+accelerate.__version__
+"""),
+    code("""
+%%distributed -o accuracies
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+loader = DataLoader(TensorDataset(X, y), batch_size=64, shuffle=True)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+accelerator.print(f"{accelerator.num_processes} processes, {accelerator.distributed_type}, device {accelerator.device}")
+
+for epoch in range(3):
+    model.train()
+    for xb, yb in loader:
+        loss = F.binary_cross_entropy_with_logits(model(xb), yb)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.print(f"epoch {epoch}: loss {loss.item():.3f}")
+
+model.eval()
+correct = total = 0
+with torch.no_grad():
+    for xb, yb in loader:
+        predictions, labels = accelerator.gather_for_metrics(((model(xb) > 0).float(), yb))
+        correct += (predictions == labels).sum().item()
+        total += labels.numel()
+accelerator.wait_for_everyone()
+correct / total
+"""),
+    code("""
+# gather_for_metrics gave every rank the whole data set's predictions: the same accuracy everywhere.
+print(accuracies)
+assert len(set(accuracies)) == 1 and accuracies[0] > 0.8
+"""),
+]
+
+
+NOTEBOOKS = {
+    "01_quickstart.ipynb": QUICKSTART,
+    "02_ddp_training.ipynb": DDP_TRAINING,
+    "03_execution_process.ipynb": EXECUTION_PROCESS,
+    "04_accelerate.ipynb": ACCELERATE,
+}
+
+
+def build(cells: list[Cell]) -> nbformat.NotebookNode:
+    notebook = new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    notebook.metadata["language_info"] = {"name": "python"}
+    for kind, source, *rest in cells:
+        if kind == "markdown":
+            notebook.cells.append(new_markdown_cell(source))
+        else:
+            cell = new_code_cell(source)
+            if rest and rest[0]:
+                cell.metadata["tags"] = rest[0]
+            notebook.cells.append(cell)
+    for index, cell in enumerate(notebook.cells):
+        cell.id = f"cell-{index:02d}"  # stable ids: regenerating gives the same files
+    return notebook
+
+
+def main() -> None:
+    for name, cells in NOTEBOOKS.items():
+        nbformat.write(build(cells), HERE / name)
+        print(f"wrote {HERE / name}")
+
+
+if __name__ == "__main__":
+    main()
