@@ -12,8 +12,9 @@ wraps it in a `Cell`, which calls it and pickles it (by its source):
   suppresses it, and a ``return`` anywhere in the cell works too.
 
 The source is cached in ``linecache`` under the cell's own file name, so tracebacks raised on a
-rank show the cell's lines (a forked rank inherits linecache; the spawn starter ships the entry).
-A syntax error is raised here, in the kernel, before anything forks.
+rank show the cell's lines: a forked rank inherits linecache, and an unpickled `Cell` (a spawned
+rank, later a remote worker) puts its text back there. A syntax error is raised here, in the
+kernel, before anything forks.
 
 Example:
     >>> cell = compile_cell("x = 6 * 7\\nx")
@@ -33,6 +34,7 @@ import functools
 import hashlib
 import io
 import linecache
+import sys
 import tokenize
 import types
 from collections.abc import Callable
@@ -41,7 +43,7 @@ from typing import Any
 FUNCTION_NAME = "distributed_cell"
 STATE_NAME = "state"
 
-# Only __future__ flags may pass from the notebook's compiler: they change how the source means.
+# Only __future__ flags may pass from the notebook's compiler: they change what the source means.
 _FUTURE_FLAGS = 0
 for _feature in __future__.all_feature_names:
     _FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
@@ -88,8 +90,6 @@ class LazyState:
         return sorted(set(dir(nbaccel.PartialState)) | {"resolve"})
 
     def __repr__(self) -> str:
-        import sys
-
         module = sys.modules.get("nbaccel.state")
         created = module is not None and getattr(module.PartialState, "_shared", None) is not None
         return repr(self.resolve()) if created else "<state: nbaccel.PartialState, created on first use>"

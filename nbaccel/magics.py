@@ -167,8 +167,8 @@ class DistributedMagics(Magics):
         # IPython drops leading blank lines when it transforms a cell: keep them in the header, so
         # traceback line numbers still count from the magic's line, as the notebook shows the cell.
         header = f"%%{MAGIC_NAME} {line}".rstrip() + "\n" * blank
-        source = self.shell.transform_cell(cell)  # !cmd, %magic ... become Python, as in any cell
         try:
+            source = self.shell.transform_cell(cell)  # !cmd, %magic ... become Python, as in any cell
             return compile_cell(source, self.shell.user_ns, header=header, cache=self._cache, flags=self.shell.compile.flags)
         except SyntaxError as error:
             raise CellSyntaxError(error, self.shell) from None
