@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .data import accumulate, prepare_data_loader
     from .errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
     from .launcher import notebook_launcher
+    from .pool import PoolStoppedError, WorkerPool, start_workers
     from .state import (
         AcceleratorState,
         DistributedType,
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 # `%load_ext nbaccel`) stays cheap and never touches CUDA.
 _EXPORTS = {
     "notebook_launcher": "launcher",
+    "start_workers": "pool",
+    "WorkerPool": "pool",
+    "PoolStoppedError": "pool",
     "NbaccelError": "errors",
     "PreflightError": "errors",
     "RankFailedError": "errors",

@@ -14,11 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import pickle
+import signal
 import struct
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 _HEADER = struct.Struct("!BQ")
@@ -27,9 +30,12 @@ _SEND_LOCK = threading.Lock()
 
 
 class Kind(enum.IntEnum):
-    RESULT = 1  # the rank's return value
+    RESULT = 1  # the rank's return value (of the launch, or of one task on a persistent worker)
     ERROR = 2  # a RemoteError's fields: the rank raised
     EVENT = 3  # rich output (display data, progress) for the sinks
+    READY = 4  # a persistent worker joined its process group and waits for tasks
+    TASK = 5  # kernel to worker: run this (task_id, callable) in the worker's namespace
+    STOP = 6  # kernel to worker: leave the serve loop
 
 
 def dumps(value: Any) -> bytes:
@@ -51,10 +57,26 @@ def send(fd: int, kind: Kind, value: Any) -> None:
     send_bytes(fd, kind, dumps(value))
 
 
-def send_bytes(fd: int, kind: Kind, payload: bytes) -> None:
-    with _SEND_LOCK:
+def send_bytes(fd: int, kind: Kind, payload: bytes, defer_sigint: bool = True) -> None:
+    """Write one frame. ``defer_sigint=False`` lets an interrupt stop a write that blocks (the
+    kernel's side, which then treats the stream as broken)."""
+    with _SEND_LOCK, (_sigint_deferred() if defer_sigint else contextlib.nullcontext()):
         _write_all(fd, _HEADER.pack(kind, len(payload)))
         _write_all(fd, payload)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold SIGINT back while a frame is written: a KeyboardInterrupt half-way would corrupt the
+    stream for every frame after it (persistent workers outlive interrupts)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -13,14 +13,11 @@ from typing import Any, TypeVar
 
 from .errors import RankFailedError
 from .launchers.base import LaunchPlan, Launcher
-from .launchers.fork import ForkStarter
 from .launchers.local import LocalLauncher
-from .launchers.spawn import SpawnStarter
 from .outcome import RankOutcome, root_cause
 from .output.select import make_sink
 from .output.sinks import Sink
-from .plan import check_arguments, make_plan
-from .preflight import fork_error, fork_hazards
+from .plan import check_arguments, choose_starter, make_plan
 from .worker import Job
 
 T = TypeVar("T")
@@ -83,7 +80,7 @@ def notebook_launcher(
     started = time.monotonic()
     check_arguments(function, args, num_processes, mixed_precision, start_method, timeout, max_restarts, master_addr)
     plan = make_plan(num_processes, mixed_precision, use_port, master_addr, timeout, max_restarts, gpus, cpu, started)
-    launcher = choose_launcher(start_method)
+    launcher = LocalLauncher(choose_starter(start_method))
     sink = make_sink(output)
     return _run(launcher, Job(function, tuple(args)), plan, sink)
 
@@ -103,16 +100,3 @@ def _run(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any
     error = RankFailedError(root_cause(failed_attempts[-1]) or failed_attempts[-1][0], failed_attempts[-1])
     error.attempts = failed_attempts
     raise error
-
-
-def choose_launcher(start_method: str) -> Launcher:
-    """Fork when that is safe; otherwise spawn (with one line saying why) or refuse if fork was asked for."""
-    if start_method == "spawn":
-        return LocalLauncher(SpawnStarter())
-    hazards = fork_hazards()
-    if not hazards:
-        return LocalLauncher(ForkStarter())
-    if start_method == "fork":
-        raise fork_error(hazards)
-    print(f"nbaccel: {hazards[0]}; starting the ranks with spawn instead of fork (slower).", file=sys.stderr)
-    return LocalLauncher(SpawnStarter())

@@ -9,12 +9,15 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .env import MIXED_PRECISIONS
-from .launchers.base import LaunchPlan
-from .preflight import check_gpus, visible_gpu_count
+from .launchers.base import LaunchPlan, RankStarter
+from .launchers.fork import ForkStarter
+from .launchers.spawn import SpawnStarter
+from .preflight import check_gpus, fork_error, fork_hazards, visible_gpu_count
 from .rendezvous import is_loopback
 
 START_METHODS = ("auto", "fork", "spawn")
@@ -91,3 +94,16 @@ def _port(use_port: int | str | None) -> int | None:
     if not 0 < port < 65536:
         raise ValueError(f"use_port must be between 1 and 65535, got {use_port!r}.")
     return port
+
+
+def choose_starter(start_method: str) -> RankStarter:
+    """Fork when that is safe; else spawn (saying why, in one line), or refuse if fork was asked for."""
+    if start_method == "spawn":
+        return SpawnStarter()
+    hazards = fork_hazards()
+    if not hazards:
+        return ForkStarter()
+    if start_method == "fork":
+        raise fork_error(hazards)
+    print(f"nbaccel: {hazards[0]}; starting the ranks with spawn instead of fork (slower).", file=sys.stderr)
+    return SpawnStarter()

@@ -99,9 +99,10 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
 
 def _forget_kernel_state() -> None:
     """Drop process state a fork copied from the kernel (a notebook PartialState, say)."""
-    nb_state = sys.modules.get("nbaccel.state")
-    if nb_state is not None:
-        nb_state.reset_all_states()
+    if any(name in sys.modules for name in ("nbaccel.partial_state", "nbaccel.accelerator_state", "nbaccel.gradient_state")):
+        from .state import reset_all_states
+
+        reset_all_states()
     acc_state = sys.modules.get("accelerate.state")
     if acc_state is not None:
         try:
@@ -123,9 +124,21 @@ def _pin_device(env: dict[str, str]) -> None:
 
 def execute(job: Job, ends: ChildEnds) -> int:
     """Call the function, send its result or its error on the channel; the exit code."""
-    channel_fd = ends.channel
+    args = (ends, *job.args) if job.pass_ends else job.args
+    code = call_and_report(lambda: job.function(*args), ends.channel)
+    if code == 0:
+        _destroy_process_group()
+    return code
+
+
+def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
+    """Run ``call``; send RESULT (its value) or ERROR on the channel. 0 when it returned.
+
+    Otherwise the exit code a rank that ended this way should have: 1 for an exception,
+    130 for KeyboardInterrupt, the code of a SystemExit (whose code 0 counts as returning None).
+    """
     try:
-        value = job.function(*((ends, *job.args) if job.pass_ends else job.args))
+        value = call()
     except SystemExit as exc:
         code = _exit_code(exc)
         if code != 0:
@@ -143,7 +156,6 @@ def execute(job: Job, ends: ChildEnds) -> int:
         _send_unpicklable(channel_fd, value, exc)
         return 1
     channel.send_bytes(channel_fd, channel.Kind.RESULT, payload)
-    _destroy_process_group()
     return 0
 
 
@@ -157,8 +169,10 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _send_error(channel_fd: int, exc: BaseException) -> None:
-    # Skip this module's own frame: the traceback starts in the user's function.
-    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    # Skip nbaccel's own frames: the traceback starts in the user's code.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("nbaccel."):
+        tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     channel.send(
         channel_fd,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import linecache
 import os
 import pickle
 import sys
@@ -14,7 +13,6 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     spec = pickle.loads(payload)  # bytes from our own parent, over a private pipe
-    linecache.cache.update(spec["sources"])
 
     from nbaccel.launchers.spawn import CHANNEL_FD, COMMANDS_FD
     from nbaccel.worker import ChildEnds, run_rank

@@ -1,17 +1,16 @@
 """Start a rank as a fresh interpreter, for kernels where forking is unsafe (CUDA already initialised).
 
 The job travels as cloudpickle bytes over the child's stdin, so functions defined in a notebook
-work (plain ``spawn`` cannot import them from ``__main__``). The cell sources that the function's
-traceback would show travel along, so errors still show the notebook's lines.
+work (plain ``spawn`` cannot import them from ``__main__``). The function keeps its file name and
+source (nbaccel.portable), so errors still show the notebook's lines.
 """
 
 from __future__ import annotations
 
-import linecache
 import os
 import sys
-from typing import Any
 
+from ..portable import Sourced
 from ..worker import ChildEnds, Job
 
 CHANNEL_FD = 3  # where the spawned rank finds its channel pipe
@@ -32,7 +31,7 @@ class SpawnStarter:
         import cloudpickle
 
         payload = cloudpickle.dumps(
-            {"job": job, "rank": rank, "env": env, "parent_pid": os.getpid(), "sources": _cell_sources(job), "commands": ends.commands is not None}
+            {"job": Job(Sourced.wrap(job.function), job.args, job.pass_ends), "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None}
         )
         actions = [
             (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
@@ -66,11 +65,3 @@ def _child_environment(env: dict[str, str]) -> dict[str, str]:
     # The kernel may import from places only its sys.path knows (the notebook's folder).
     merged["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
     return merged
-
-
-def _cell_sources(job: Job) -> dict[str, Any]:
-    code = getattr(job.function, "__code__", None)
-    if code is None:
-        return {}
-    entry = linecache.cache.get(code.co_filename)
-    return {code.co_filename: entry} if entry is not None else {}

@@ -72,7 +72,7 @@ def test_more_processes_than_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_fork_refused_with_cause_and_fix_when_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
     hazard = "CUDA is already initialised in this kernel (a tensor was put on a GPU)"
-    monkeypatch.setattr(launcher_module, "fork_hazards", lambda: [hazard])
+    monkeypatch.setattr(plan_module, "fork_hazards", lambda: [hazard])
     with pytest.raises(nbaccel.PreflightError, match=r"cannot fork the ranks: CUDA is already initialised.*Restart the kernel.*start_method='spawn'"):
         nbaccel.notebook_launcher(noop, num_processes=2, start_method="fork")
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import nbaccel
-import nbaccel.launcher as launcher_module
+import nbaccel.plan as plan_module
 from nbaccel.output.sinks import CollectingSink
 
 pytestmark = pytest.mark.timeout(60)
@@ -292,7 +292,7 @@ def test_spawn_failures_are_reported_like_fork_failures() -> None:
 
 
 def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(launcher_module, "fork_hazards", lambda: ["CUDA is already initialised in this kernel"])
+    monkeypatch.setattr(plan_module, "fork_hazards", lambda: ["CUDA is already initialised in this kernel"])
     results = nbaccel.notebook_launcher(all_reduce_rank, num_processes=2)
     assert results == [(0, 2, 3.0), (1, 2, 3.0)]
     err = capfd.readouterr().err

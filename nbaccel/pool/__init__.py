@@ -1,0 +1,13 @@
+"""Persistent workers: a process group (and GPU memory, and namespaces) that lives across cells.
+
+Example:
+    >>> import nbaccel
+    >>> pool = nbaccel.start_workers(2)  # doctest: +SKIP
+    >>> pool.run(lambda: __import__("os").environ["RANK"])  # doctest: +SKIP
+    ['0', '1']
+    >>> pool.stop()  # doctest: +SKIP
+"""
+
+from .workers import PoolStoppedError, WorkerPool, WorkerStatus, start_workers
+
+__all__ = ["PoolStoppedError", "WorkerPool", "WorkerStatus", "start_workers"]

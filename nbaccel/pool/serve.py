@@ -1,0 +1,101 @@
+"""Rank side of a persistent worker: join the process group once, then run tasks until told to stop.
+
+Each task is a cloudpickled callable taking the rank's namespace (a dict that lives as long as
+the worker, so a variable a cell defines is there for the next cell). An interrupt stops the task
+that runs, not the worker; an interrupt while idle changes nothing.
+
+Example (what the pool starts on every rank)::
+
+    Job(serve, args=(seed_namespace,), pass_ends=True)
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+from typing import Any
+
+from .. import channel
+from ..worker import ChildEnds, call_and_report
+
+_DEFERRED_NOTE = (
+    "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still "
+    "has its process group (said once)"
+)
+
+
+def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
+    """The persistent worker's main loop; returns when the kernel says STOP or goes away."""
+    assert ends.commands is not None, "a persistent worker needs a command pipe"
+    namespace = _namespace(seed)
+    state = _join_process_group()
+    restore = _defer_destroy_process_group()
+    channel.send(ends.channel, channel.Kind.READY, {"pid": os.getpid(), "device": str(state.device)})
+    decoder = channel.FrameDecoder()
+    try:
+        while True:
+            frame = _next_command(ends.commands, decoder)
+            if frame is None or frame[0] is channel.Kind.STOP:
+                return
+            task = channel.loads(frame[1])
+            call_and_report(lambda: task(namespace), ends.channel)
+    finally:
+        restore()
+
+
+def _namespace(seed: dict[str, Any] | None) -> dict[str, Any]:
+    from ..cell import LazyState
+
+    namespace = dict(seed) if seed else {"__name__": "__main__", "__builtins__": builtins}
+    namespace["state"] = LazyState()
+    return namespace
+
+
+def _join_process_group() -> Any:
+    from ..state import PartialState
+
+    return PartialState()
+
+
+def _next_command(fd: int, decoder: channel.FrameDecoder) -> tuple[channel.Kind, bytes] | None:
+    """Block until one whole command frame arrives; None when the kernel closed the pipe."""
+    pending: list[tuple[channel.Kind, bytes]] = []
+    while not pending:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except KeyboardInterrupt:
+            continue  # a late interrupt meant for a task that has already ended
+        if not chunk:
+            return None
+        pending = decoder.feed(chunk)
+    assert len(pending) == 1, "the kernel sends one command at a time"
+    return pending[0]
+
+
+def _defer_destroy_process_group() -> Any:
+    """Make ``dist.destroy_process_group()`` of the default group a no-op until the pool stops.
+
+    DDP scripts end with it; on persistent workers it would break every later cell.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.destroy_process_group
+    said = False
+
+    def destroy_process_group(group: Any = None) -> None:
+        nonlocal said
+        if group is not None and group is not c10d.GroupMember.WORLD:
+            original(group)
+            return
+        if not said:
+            print(_DEFERRED_NOTE, file=sys.stderr)
+            said = True
+
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
+
+    def restore() -> None:
+        dist.destroy_process_group = c10d.destroy_process_group = original
+
+    return restore
