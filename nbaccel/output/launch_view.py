@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import ipywidgets as w
 
-from .rank_panel import RankPanel
+from .rank_panel import RankPanel, close_tree
 from .status_text import RUNNING, WAITING, RankState  # noqa: F401 - RUNNING is used by the doctest
 
 # Plain CSS for the few things inline styles cannot do; scoped to the launch's class.
@@ -57,8 +57,7 @@ class LaunchView:
         self.tabs = w.Tab(children=[p.widget for p in self.panels], titles=[tab_title(r, WAITING) for r in range(num_processes)], selected_index=0)
         header = w.HBox([self.title, w.HBox(self.chips, layout=w.Layout(flex_flow="row wrap")), self.clock], layout=w.Layout(align_items="center", width="100%"))
         self._style = w.HTML(_STYLE)
-        self.root = w.VBox([self._style, header, self.banner, self.tabs], layout=w.Layout(width="100%"))
-        self.root.add_class("nbaccel-launch")
+        self.root = w.VBox([self._style, header, self.banner, self.tabs], layout=w.Layout(width="100%"), _dom_classes=("nbaccel-launch",))
         self._header = header
 
     def set_state(self, rank: int, state: RankState) -> None:
@@ -86,8 +85,7 @@ class LaunchView:
     def close(self) -> None:
         for panel in self.panels:
             panel.close()
-        for widget in (*self.chips, self.title, self.clock, self.banner, self.tabs, self._style, self._header, self.root):
-            widget.close()
+        close_tree(self.root)
 
     def _title_html(self) -> str:
         ranks = f"{self.num_processes} rank{'s' if self.num_processes != 1 else ''}"

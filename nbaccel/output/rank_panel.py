@@ -78,8 +78,7 @@ class RankPanel:
         self._notice = w.HTML(self._notice_html(), layout=w.Layout(margin="0 0 2px 0"))
         self._log = w.Box(layout=w.Layout(display="flex", flex_flow="column-reverse", max_height=LOG_HEIGHT, overflow="auto", width="100%"))
         self._error = w.Output(layout=w.Layout(display="none"))
-        self.widget = w.VBox([self._error, self._bars, self._notice, self._log])
-        self.widget.add_class("nbaccel-rank-panel")
+        self.widget = w.VBox([self._error, self._bars, self._notice, self._log], _dom_classes=("nbaccel-rank-panel",))
 
     # -- changes (cheap, Python only) ---------------------------------------------------------
 
@@ -163,17 +162,17 @@ class RankPanel:
         self._sync_bars()
         for block in self.blocks:
             if block.widget is None:
-                block.widget = w.Output(outputs=tuple(block.outputs))
+                block.widget = w.Output(outputs=_snapshot(block.outputs))
                 block.dirty = False
             elif block.dirty:
-                block.widget.outputs = tuple(block.outputs)
+                block.widget.outputs = _snapshot(block.outputs)
                 block.dirty = False
         if [id(b) for b in self.blocks] != [id(b) for b in self._shown_blocks]:
             self._log.children = tuple(b.widget for b in reversed(self.blocks) if b.widget is not None)
             self._shown_blocks = list(self.blocks)
         for block in self._retired:
             if block.widget is not None:
-                block.widget.close()
+                close_tree(block.widget)
         self._retired.clear()
         notice = self._notice_html()
         if notice != self._notice.value:
@@ -183,11 +182,10 @@ class RankPanel:
         """Close every widget of the panel (the kernel forgets them; views disappear)."""
         for block in self.blocks + self._retired:
             if block.widget is not None:
-                block.widget.close()
+                close_tree(block.widget)
         for bar in [*self.bars.values(), *self._retired_bars]:
             _close_bar(bar)
-        for widget in (self._error, self._bars, self._notice, self._log, self.widget):
-            widget.close()
+        close_tree(self.widget)
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -235,7 +233,7 @@ class RankPanel:
         outcome = self.failure
         if outcome is None:
             return
-        self._error.outputs = tuple(failure_outputs(outcome))
+        self._error.outputs = _snapshot(failure_outputs(outcome))
         self._error.layout.display = None
 
     def _sync_bars(self) -> None:
@@ -279,6 +277,11 @@ def failure_outputs(outcome: RankOutcome) -> list[dict[str, Any]]:
     return [{"output_type": "stream", "name": "stderr", "text": headline + "\n"}]
 
 
+def _snapshot(outputs: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """Copies: the stream dicts grow in place, and a trait set to an equal value sends nothing."""
+    return tuple(dict(output) for output in outputs)
+
+
 def _append_stream(outputs: list[dict[str, Any]], stream: str, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines)
     if outputs and outputs[-1].get("name") == stream:
@@ -293,11 +296,23 @@ def _clip(line: str) -> str:
     return line[:MAX_LINE_CHARS] + f" … [{len(line) - MAX_LINE_CHARS:,} more characters in the log]"
 
 
+def close_tree(widget: w.Widget) -> None:
+    """Close ``widget``, its children and its layout/style models (``close()`` alone leaves
+    those in ipywidgets' registry forever: about 50 models per launch)."""
+    for name in widget.keys:
+        value = getattr(widget, name, None)
+        if isinstance(value, w.Widget):
+            close_tree(value)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                if isinstance(item, w.Widget):
+                    close_tree(item)
+    widget.close()
+
+
 def _close_bar(bar: Bar) -> None:
     if bar.widget is not None:
-        for child in bar.widget.children:
-            child.close()
-        bar.widget.close()
+        close_tree(bar.widget)
         bar.widget = None
 
 
@@ -305,9 +320,7 @@ def _bar_widget() -> w.HBox:
     left = w.HTML(layout=w.Layout(flex="0 0 auto"))
     progress = w.FloatProgress(min=0.0, max=1.0, value=0.0, layout=w.Layout(flex="1 1 auto", width="auto", max_width="40em"))
     right = w.HTML(layout=w.Layout(flex="0 0 auto"))
-    box = w.HBox([left, progress, right], layout=w.Layout(width="100%", align_items="center"))
-    box.add_class("nbaccel-progress")
-    return box
+    return w.HBox([left, progress, right], layout=w.Layout(width="100%", align_items="center"), _dom_classes=("nbaccel-progress",))
 
 
 def _update_bar(box: w.HBox, state: dict[str, Any]) -> None:

@@ -162,15 +162,15 @@ class WidgetSink:
             if self.view is None or self.finished:
                 return
             rank = outcome.rank
+            first_failure = outcome.is_failure and not any(o.is_failure for o in self._outcomes.values())
             self._outcomes[rank] = outcome
             self._finished_ranks.add(rank)
-            state = rank_state(outcome)
+            self.view.set_state(rank, rank_state(outcome))
             if outcome.is_failure:
                 self.view.panels[rank].set_failure(outcome)
-                if not any(self._outcomes[r].is_failure for r in self._finished_ranks if r != rank):
-                    self.view.set_banner(failure_headline(outcome) + f" (its traceback is at the top of the rank {rank} tab)")
+            if first_failure:
+                self.view.set_banner(f"{failure_headline(outcome)} (its traceback is at the top of the rank {rank} tab)")
             self._push(rank, time.monotonic())
-            self.view.set_state(rank, state)
             all_done = len(self._finished_ranks) == self.view.num_processes
         if all_done:
             self._finish()

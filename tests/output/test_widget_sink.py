@@ -1,0 +1,185 @@
+"""WidgetSink without a kernel: chips and tab titles, rank 0 first, coalescing, static end view, logs."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from nbaccel.outcome import RankOutcome, RemoteError, Status
+from nbaccel.output.widgets import WIDGET_VIEW_MIME, WidgetSink
+from tests.output.conftest import CommLog, FakePublisher
+
+ERROR = RemoteError("ValueError", "boom", 'Traceback (most recent call last):\n  File "<cell>", line 3, in f\nValueError: boom\n', 1.0)
+
+
+def _sink(publisher: FakePublisher, tmp_path: Path, **kwargs: object) -> WidgetSink:
+    options = {"publisher": publisher, "ticker": False, "log_root": tmp_path / "logs"}
+    options.update(kwargs)
+    return WidgetSink(**options)  # type: ignore[arg-type]
+
+
+def _tab(comms: CommLog):
+    (tab,) = comms.of("TabModel")
+    return tab
+
+
+def _titles(comms: CommLog) -> list[str]:
+    tab = _tab(comms)
+    updates = tab.updates("titles")
+    return list(updates[-1] if updates else tab.data["state"]["titles"])
+
+
+def test_the_launch_shows_one_widget_with_rank_0_first_and_selected(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(4, attempt=0)
+    (kind, bundle, _), = publisher.calls
+    assert kind == "show"
+    assert bundle[WIDGET_VIEW_MIME]["model_id"] == sink.view.root.model_id
+    assert "text/plain" in bundle
+    tab = _tab(comms)
+    assert tab.data["state"]["selected_index"] == 0
+    assert list(tab.data["state"]["titles"]) == ["rank 0 · waiting", "rank 1 · waiting", "rank 2 · waiting", "rank 3 · waiting"]
+    children = list(tab.data["state"]["children"])
+    assert children == [f"IPY_MODEL_{p.widget.model_id}" for p in sink.view.panels]
+    sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(4)])
+
+
+OUTCOMES = [
+    (RankOutcome(1, Status.SUCCEEDED, exitcode=0), "rank 1 · done", "rank 1 · done"),
+    (RankOutcome(1, Status.FAILED, exitcode=1, error=ERROR), "rank 1 · failed (ValueError)", "rank 1 · failed: ValueError, exit code 1"),
+    (RankOutcome(1, Status.EXITED, exitcode=3), "rank 1 · failed (exit 3)", "rank 1 · failed: exited with code 3 without returning"),
+    (RankOutcome(1, Status.SIGNALED, signal=11), "rank 1 · failed (SIGSEGV)", "rank 1 · failed: killed by SIGSEGV"),
+    (RankOutcome(1, Status.STOPPED, signal=15), "rank 1 · stopped", "rank 1 · stopped by nbaccel after another rank failed (SIGTERM)"),
+    (RankOutcome(1, Status.INTERRUPTED, exitcode=130), "rank 1 · interrupted", "rank 1 · interrupted (kernel interrupt)"),
+    (RankOutcome(1, Status.TIMED_OUT, signal=15), "rank 1 · timed out", "rank 1 · stopped: the launch's timeout passed"),
+]
+
+
+@pytest.mark.parametrize(("outcome", "title", "chip"), OUTCOMES, ids=[o[0].status.name for o in OUTCOMES])
+def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publisher: FakePublisher, tmp_path: Path, outcome: RankOutcome, title: str, chip: str) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(2, attempt=0)
+    sink.event(1, {"type": "started", "pid": 1})
+    assert _titles(comms) == ["rank 0 · waiting", "rank 1 · running"]
+    sink.rank_finished(outcome)
+    assert _titles(comms)[1] == title
+    chip_html = sink.view.chips[1].value
+    assert chip in chip_html.replace("&#x27;", "'")
+    if outcome.is_failure:
+        assert sink.view.banner.value and f"rank 1 {chip.split('· ', 1)[1]}" in sink.view.banner.value.replace("&#x27;", "'") or "ValueError: boom" in sink.view.banner.value
+    sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
+    assert publisher.final  # the last rank ending finishes the view, launch_finished or not
+
+
+def test_output_is_coalesced_to_one_push_per_interval_and_no_line_is_lost(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path, interval=0.2, max_lines=100_000)
+    sink.launch_started(2, attempt=0)
+    for i in range(1000):
+        sink.output(0, "stdout", [f"line {i}"])
+    pushes = sum(len(c.updates("outputs")) + (1 if c.data.get("state", {}).get("outputs") else 0) for c in comms.of("OutputModel"))
+    assert pushes <= 2  # the first line goes out at once; the rest waits for the interval
+    time.sleep(0.21)
+    sink.tick()
+    shown = [line for b in sink.view.panels[0].blocks for o in b.outputs for line in o["text"].splitlines()]
+    assert shown == [f"line {i}" for i in range(1000)]
+    last = sink.view.panels[0].blocks[-1].widget
+    assert last is not None and last.outputs[-1]["text"].endswith("line 999\n")
+    messages = sum(len(c.sent) + 1 for c in comms.of("OutputModel"))
+    assert messages <= len(sink.view.panels[0].blocks) + 3  # a comm_open per block and about one update
+    sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
+
+
+def test_the_ticker_pushes_lines_that_arrive_just_before_a_quiet_spell(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path, ticker=True, interval=0.05)
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", ["first"])
+    sink.output(0, "stdout", ["second"])  # within the interval: not pushed by this call
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        sent = [o["text"] for c in comms.of("OutputModel") for u in c.updates("outputs") for o in u]
+        if sent and sent[-1].endswith("second\n"):
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the second line was never pushed")
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    assert sink._ticker is None
+
+
+def test_the_end_replaces_the_widget_by_a_static_view_rank_0_first_and_closes_the_widgets(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(3, attempt=0)
+    for rank in (2, 1, 0):  # arrival order does not decide the order shown
+        sink.output(rank, "stdout", [f"hello from {rank}"])
+    sink.event(0, {"type": "display", "data": {"text/html": "<table><tr><td>df</td></tr></table>", "text/plain": "df"}, "metadata": {}, "display_id": None, "update": False})
+    sink.event(0, {"type": "progress", "bar": 0, "n": 10, "total": 10, "left": "train: 100%", "right": "10/10", "text": "train: 100%|##########| 10/10", "closed": True, "leave": True, "failed": False})
+    sink.rank_finished(RankOutcome(2, Status.FAILED, exitcode=1, error=ERROR))
+    sink.rank_finished(RankOutcome(1, Status.STOPPED, signal=15))
+    sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED), RankOutcome(1, Status.STOPPED), RankOutcome(2, Status.FAILED)])
+    final = publisher.final
+    assert set(final) == {"text/html", "text/plain"}  # no widget view: nothing says "model not found" later
+    assert publisher.calls[0][2] == publisher.calls[-1][2]
+    plain, page = final["text/plain"], final["text/html"]
+    assert plain.index("── rank 0 · done") < plain.index("── rank 1 · stopped") < plain.index("── rank 2 · failed (ValueError)")
+    assert "hello from 0" in plain and "train: 100%|##########| 10/10" in plain
+    assert re.search(r"<details open><summary><b>rank 0 · done", page)
+    assert re.search(r"<details open><summary><b>✗ rank 2 · failed \(ValueError\)</b></summary>\n<pre[^>]*>rank 2 failed: ValueError: boom", page)
+    assert "<details><summary><b>rank 1 · stopped" in page
+    assert "<table><tr><td>df</td></tr></table>" in page
+    assert "failed after" in plain.splitlines()[0]
+    assert all(c.closed for c in comms)
+
+
+def test_every_line_goes_to_the_ranks_log_file_even_beyond_the_cap(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path, max_lines=10)
+    sink.launch_started(2, attempt=0)
+    sink.output(1, "stdout", [f"l{i}" for i in range(500)])
+    sink.event(1, {"type": "display", "data": {"text/plain": "<Figure size 640x480 with 1 Axes>"}, "metadata": {}, "display_id": None, "update": False})
+    sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
+    log = Path(sink.view.panels[1].log_file)
+    assert log.parent.parent == tmp_path / "logs"
+    assert log.read_text().splitlines() == [f"l{i}" for i in range(500)] + ["<Figure size 640x480 with 1 Axes>"]
+    assert str(log) in publisher.final["text/plain"]
+
+
+def test_a_restarted_launch_gets_a_view_and_log_files_per_attempt(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    for attempt in range(2):
+        sink.launch_started(1, attempt=attempt)
+        sink.output(0, "stdout", [f"attempt {attempt}"])
+        sink.launch_finished([RankOutcome(0, Status.EXITED, exitcode=2)])
+    shows = [c for c in publisher.calls if c[0] == "show"]
+    assert len(shows) == 2 and shows[0][2] != shows[1][2]
+    folder = Path(sink.view.log_dir)
+    assert (folder / "rank0.log").read_text() == "attempt 0\n"
+    assert (folder / "rank0.attempt2.log").read_text() == "attempt 1\n"
+    assert "attempt 2" in publisher.final["text/plain"].splitlines()[0]
+
+
+def test_calls_after_the_end_are_ignored(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(1, attempt=0)
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    calls = len(publisher.calls)
+    sink.output(0, "stdout", ["late"])
+    sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
+    sink.launch_finished([])
+    assert len(publisher.calls) == calls
+
+
+def test_many_launches_leave_no_widgets_behind(publisher: FakePublisher, tmp_path: Path) -> None:
+    from ipywidgets.widgets.widget import _instances
+
+    before = len(_instances)
+    for _ in range(5):
+        sink = _sink(publisher, tmp_path, max_lines=5)
+        sink.launch_started(2, attempt=0)
+        sink.output(0, "stdout", [str(i) for i in range(50)])
+        sink.event(1, {"type": "progress", "bar": 0, "n": 1, "total": 2, "left": "", "right": "", "text": "", "closed": False, "leave": True, "failed": False})
+        sink.tick()
+        sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
+    assert len(_instances) == before
