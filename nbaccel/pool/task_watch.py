@@ -37,6 +37,7 @@ class TaskWatch(RankWatch):
         self.exited: list[RankOutcome] = []  # ranks whose process ended: the pool is broken
         self.reason: Status | None = None  # why we interrupted: INTERRUPTED, TIMED_OUT or STOPPED
         self.running_at_timeout: dict[int, str] = {}
+        self.grace = INTERRUPT_GRACE
         self._grace_ends: float | None = None
 
     @property
@@ -56,7 +57,7 @@ class TaskWatch(RankWatch):
         if self.reason is None or reason is Status.INTERRUPTED:
             self.reason = reason
         if self._grace_ends is None:
-            self._grace_ends = time.monotonic() + INTERRUPT_GRACE
+            self._grace_ends = time.monotonic() + self.grace
             busy = [self.processes[r] for r, o in self.outcomes.items() if o.status is Status.RUNNING]
             self.signal(signal.SIGINT, busy)
 

@@ -29,7 +29,7 @@ from ..plan import check_arguments, choose_starter, make_plan
 from ..worker import Job
 from .ready_watch import wait_until_ready
 from .serve import serve
-from .task_watch import INTERRUPT_GRACE, TaskWatch
+from .task_watch import TaskWatch
 from .tasks import Assign, CallFunction, Fetch, RankStatus
 
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
@@ -94,19 +94,22 @@ class WorkerPool:
     def num_processes(self) -> int:
         return self.plan.num_processes
 
-    def stop(self) -> None:
-        """Tell every rank to leave, give them a moment, then make sure: nothing outlives this."""
+    def stop(self, graceful: bool = True) -> None:
+        """Tell every rank to leave (they tear down their process group), give them up to 2 s
+        together, then SIGKILL whatever is left; every rank is reaped. Nothing outlives this."""
         group, self._group = self._group, None
         if group is None:
             return
         _LIVE_POOLS.discard(self)
-        for pipes in group.pipes:
-            try:
-                channel.send_bytes(pipes.commands, channel.Kind.STOP, b"", defer_sigint=False)  # type: ignore[arg-type]
-            except OSError:
-                pass
-        for proc in group.processes:
-            proc.wait(timeout=2.0)
+        if graceful:
+            for pipes in group.pipes:
+                try:
+                    channel.send_bytes(pipes.commands, channel.Kind.STOP, b"", defer_sigint=False)  # type: ignore[arg-type]
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 2.0
+            for proc in group.processes:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         group.close()
 
     def restart(self) -> WorkerPool:
@@ -234,13 +237,13 @@ class WorkerPool:
         for outcome in watch.outcomes.values():
             if outcome.status is Status.RUNNING:
                 outcome.status = Status.STOPPED
-        self.stop()
+        self.stop(graceful=False)
         if crashed:
             states = [*crashed, *(o for o in watch.outcomes.values() if o.rank not in {c.rank for c in crashed})]
             error = RankFailedError(crashed[0], sorted(states, key=lambda o: o.rank))
             print(f"nbaccel: {crashed[0].describe()}; the workers were stopped. Start new ones.", file=sys.stderr)
             raise error
-        reason = f"rank(s) {', '.join(map(str, stuck))} did not stop within {INTERRUPT_GRACE:g} s of the interrupt (stuck in a collective or native code)" if stuck else "interrupted twice"
+        reason = f"rank(s) {', '.join(map(str, stuck))} did not stop within {watch.grace:g} s of the interrupt (stuck in a collective or native code)" if stuck else "interrupted twice"
         print(f"nbaccel: {reason}; the workers were stopped. Start new ones (%distributed start).", file=sys.stderr)
         raise KeyboardInterrupt(f"{reason}; the workers were stopped")
 
@@ -317,4 +320,4 @@ def start_workers(
 def _stop_every_pool() -> None:
     """At kernel shutdown: stop (and reap) every pool, so nothing holds the shutdown up."""
     for pool in list(_LIVE_POOLS):
-        pool.stop()
+        pool.stop(graceful=False)
