@@ -160,20 +160,23 @@ class RankPanel:
         if self._failure_dirty:
             self._sync_failure()
         self._sync_bars()
+        # Widgets of dropped blocks are reused for new ones: a burst of lines then costs one
+        # outputs update per visible block instead of opening and closing widgets.
+        spare = [b.widget for b in self._retired if b.widget is not None]
+        self._retired.clear()
         for block in self.blocks:
+            if block.widget is None and spare:
+                block.widget, block.dirty = spare.pop(), True
             if block.widget is None:
                 block.widget = w.Output(outputs=_snapshot(block.outputs))
-                block.dirty = False
             elif block.dirty:
                 block.widget.outputs = _snapshot(block.outputs)
-                block.dirty = False
+            block.dirty = False
         if [id(b) for b in self.blocks] != [id(b) for b in self._shown_blocks]:
             self._log.children = tuple(b.widget for b in reversed(self.blocks) if b.widget is not None)
             self._shown_blocks = list(self.blocks)
-        for block in self._retired:
-            if block.widget is not None:
-                close_tree(block.widget)
-        self._retired.clear()
+        for widget in spare:
+            close_tree(widget)
         notice = self._notice_html()
         if notice != self._notice.value:
             self._notice.value = notice

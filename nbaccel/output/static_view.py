@@ -46,10 +46,10 @@ def render_text(view: LaunchView, summary: str) -> str:
 def render_html(view: LaunchView, summary: str) -> str:
     ranks = f"{view.num_processes} rank{'s' if view.num_processes != 1 else ''}"
     attempt = f" · attempt {view.attempt + 1}" if view.attempt else ""
-    logs = f" · full logs in <code>{html.escape(view.log_dir)}</code>" if view.log_dir else ""
+    logs = f"<div style='color:#5f6368;font-size:11px'>full logs: <code>{html.escape(view.log_dir)}</code></div>" if view.log_dir else ""
     parts = [
         "<div class='nbaccel-launch-static'>",
-        f"<div><b>nbaccel</b> <span style='color:#5f6368'>{ranks}{attempt} · {html.escape(summary)}{logs}</span></div>",
+        f"<div><b>nbaccel</b> <span style='color:#5f6368'>{ranks}{attempt} · {html.escape(summary)}</span></div>{logs}",
         "<div>" + "".join(chip_html(p.rank, s) for p, s in zip(view.panels, view.states)) + "</div>",
     ]
     for panel, state in zip(view.panels, view.states):

@@ -67,8 +67,13 @@ def comms(monkeypatch: pytest.MonkeyPatch) -> Iterator[CommLog]:
         log.append(comm)
         return comm
 
+    from ipywidgets.widgets.widget import _instances
+
+    before = set(_instances)
     monkeypatch.setattr(ipywidgets.comm, "create_comm", create_comm)
     yield log
+    for key in set(_instances) - before:  # widgets a test left open would be reaped noisily at exit
+        _instances[key].close()
 
 
 @dataclass

@@ -129,3 +129,25 @@ def test_the_import_hook_runs_after_the_module_and_never_breaks_the_import() -> 
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.stdout.splitlines() == ["hooked [1]", "imported csv"]
     assert "could not hook into csv (ZeroDivisionError" in run.stderr
+
+
+class Table:
+    """Stands in for a pandas DataFrame: what display() uses is its _repr_html_."""
+
+    def _repr_html_(self) -> str:
+        return "<table><tr><td>1</td></tr></table>"
+
+    def __repr__(self) -> str:
+        return "   a\n0  1"
+
+
+def table_rank(table: Any) -> None:
+    from IPython.display import display
+
+    display(table)
+
+
+def test_a_table_is_displayed_as_html_with_its_text_for_text_views() -> None:
+    sink = _launch(table_rank, (Table(),), num_processes=1)
+    (shown,) = _of(sink, 0, "display")
+    assert shown["data"] == {"text/html": "<table><tr><td>1</td></tr></table>", "text/plain": "   a\n0  1"}

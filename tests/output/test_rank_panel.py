@@ -158,3 +158,14 @@ def test_very_long_lines_are_clipped_in_the_view(comms: CommLog) -> None:
     panel = RankPanel(rank=0)
     panel.add_lines("stdout", ["x" * 50_000])
     assert "more characters in the log" in _text(panel)[0] and len(_text(panel)[0]) < 11_000
+
+
+def test_bursts_reuse_the_block_widgets_instead_of_opening_new_ones(comms: CommLog) -> None:
+    panel = RankPanel(rank=0, max_lines=300, chunk_lines=100)
+    for burst in range(10):
+        panel.add_lines("stdout", [f"{burst}:{i}" for i in range(1000)])
+        panel.sync()
+    assert len(comms.of("OutputModel")) <= 5  # the error box and the blocks in view, not one per chunk
+    assert _text(panel)[-1] == "9:999" and panel.dropped_lines == 10_000 - panel.visible_lines
+    shown = [o["text"] for b in panel.blocks for o in b.widget.outputs]
+    assert "".join(shown).splitlines() == _text(panel)

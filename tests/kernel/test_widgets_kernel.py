@@ -1,0 +1,245 @@
+"""The widget view in a real ipykernel, driven through jupyter_client as a notebook frontend drives it.
+
+Checks the comm and display messages the widgets send (rank panels, titles, failure marking,
+the static bundle that replaces the widget), rich output from the ranks (display(HTML), a
+matplotlib figure, tqdm bars), and which sink ``output="auto"`` picks for which frontend.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.kernel_harness import Execution, Kernel, running_kernel
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
+
+RICH_LAUNCH = r"""
+import nbaccel
+
+def work():
+    import os, time
+    import matplotlib.pyplot as plt
+    from IPython.display import HTML, display
+    from tqdm.auto import tqdm
+    rank = int(os.environ["RANK"])
+    display(HTML(f"<b>hello</b> from rank {rank}"))
+    for step in tqdm(range(20), desc="train", mininterval=0):
+        time.sleep(0.005)
+    plt.plot([0, 1], [rank, 1 - rank]); plt.show()
+    print(f"line from rank {rank}", flush=True)
+    if rank == 1:
+        # fail only once rank 0 is through, so what rank 0 shows does not depend on timing
+        deadline = time.monotonic() + 30
+        while not os.path.exists(MARKER) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise ValueError("rank 1 broke")
+    open(MARKER, "w").close()
+    return rank
+
+import tempfile, os
+MARKER = os.path.join(tempfile.mkdtemp(), "rank0-done")
+try:
+    nbaccel.notebook_launcher(work, num_processes=2, output=OUTPUT)
+except nbaccel.RankFailedError as error:
+    print("raised:", str(error).splitlines()[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    logs = tmp_path_factory.mktemp("logs")
+    with running_kernel(env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(logs)}) as k:
+        yield k
+
+
+def _no_ranks_left(kernel: Kernel) -> None:
+    assert psutil.Process(kernel.pid).children(recursive=True) == []
+
+
+def _opened(run: Execution, model: str) -> list[dict[str, Any]]:
+    return [m["content"] for m in run.of_type("comm_open") if m["content"]["data"]["state"].get("_model_name") == model]
+
+
+def _updates(run: Execution, comm_id: str, key: str) -> list[Any]:
+    return [
+        m["content"]["data"]["state"][key]
+        for m in run.of_type("comm_msg")
+        if m["content"]["comm_id"] == comm_id and key in m["content"]["data"].get("state", {})
+    ]
+
+
+def _outputs_of_every_output_widget(run: Execution) -> list[dict[str, Any]]:
+    """The latest outputs of every Output widget, as the frontend would have them."""
+    found = []
+    for opened in _opened(run, "OutputModel"):
+        updates = _updates(run, opened["comm_id"], "outputs")
+        found.extend(updates[-1] if updates else opened["data"]["state"].get("outputs", []))
+    return found
+
+
+def test_the_widget_view_messages_rich_output_and_failure_marking(kernel: Kernel) -> None:
+    run = kernel.execute(RICH_LAUNCH.replace("OUTPUT", "'widgets'"), timeout=90)
+    assert run.status == "ok", run.stderr
+    assert run.stdout == "raised: rank 1 failed: ValueError: rank 1 broke\n"
+
+    # One display of the launch's root widget, later replaced (same display id) by the static view.
+    (shown,) = run.of_type("display_data")
+    root_id = shown["content"]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert root_id in {c["comm_id"] for c in _opened(run, "VBoxModel")}
+    display_id = shown["content"]["transient"]["display_id"]
+    (final,) = run.of_type("update_display_data")
+    assert final["content"]["transient"]["display_id"] == display_id
+    assert set(final["content"]["data"]) == {"text/html", "text/plain"}
+
+    # Rank tabs: rank 0 first and selected; the failing rank's title says so in words.
+    (tab,) = _opened(run, "TabModel")
+    assert tab["data"]["state"]["selected_index"] == 0
+    assert _updates(run, tab["comm_id"], "selected_index") == []  # never moved off rank 0
+    titles = _updates(run, tab["comm_id"], "titles")
+    assert titles[-1][0] == "rank 0 · done" and titles[-1][1] == "rank 1 · failed (ValueError)"
+    assert ["rank 0 · running", "rank 1 · running"] in titles
+
+    # Rich output reached the panels: HTML, the figure as a PNG, the lines, and rank 1's traceback.
+    outputs = _outputs_of_every_output_widget(run)
+    html = [o["data"]["text/html"] for o in outputs if o["output_type"] == "display_data" and "text/html" in o["data"]]
+    assert sorted(html) == ["<b>hello</b> from rank 0", "<b>hello</b> from rank 1"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
+    streams = "".join(o["text"] for o in outputs if o["output_type"] == "stream")
+    assert "line from rank 0" in streams and "line from rank 1" in streams
+    (error,) = [o for o in outputs if o["output_type"] == "error"]
+    assert error["ename"] == "ValueError" and error["traceback"][0] == "rank 1 failed: ValueError: rank 1 broke"
+
+    # tqdm: one live bar per rank, no text lines; rank 1's bar finished before it raised.
+    bars = _opened(run, "FloatProgressModel")
+    assert len(bars) == 2
+    assert all(_updates(run, b["comm_id"], "value")[-1] == 1.0 for b in bars)
+    assert "train" not in run.stderr and "train" not in streams
+
+    # The header's chip for rank 1 says failed, with the exit code, in words.
+    chips = [c for c in _opened(run, "HTMLModel") if "rank 1 ·" in c["data"]["state"].get("value", "")]
+    assert any("failed: ValueError, exit code 1" in v for c in chips for v in _updates(run, c["comm_id"], "value"))
+
+    # The saved notebook keeps a static view: rank 0 first, the failure open, no widget needed.
+    plain, page = final["content"]["data"]["text/plain"], final["content"]["data"]["text/html"]
+    assert plain.index("── rank 0 · done") < plain.index("── rank 1 · failed (ValueError)")
+    assert "line from rank 0" in plain and "rank 1 failed: ValueError: rank 1 broke" in plain
+    assert "<details open><summary><b>✗ rank 1 · failed (ValueError)" in page and "<img src='data:image/png;base64," in page
+
+    # Every widget was closed at the end (the kernel keeps none of them).
+    closed = {m["content"]["comm_id"] for m in run.of_type("comm_close")}
+    assert {c["comm_id"] for c in run.of_type("comm_open") for c in [c["content"]]} <= closed
+    _no_ranks_left(kernel)
+
+
+def test_full_logs_of_every_rank_are_in_the_launch_folder(kernel: Kernel) -> None:
+    run = kernel.execute(
+        "import nbaccel\n"
+        "def chatty():\n"
+        "    import os\n"
+        "    for i in range(3000): print(f'r{os.environ[\"RANK\"]} line {i}')\n"
+        "nbaccel.notebook_launcher(chatty, num_processes=2, output='widgets')",
+        timeout=90,
+    )
+    assert run.status == "ok", run.stderr
+    plain = run.of_type("update_display_data")[0]["content"]["data"]["text/plain"]
+    folder = Path(plain.splitlines()[1].removeprefix("full logs: "))
+    for rank in (0, 1):
+        assert (folder / f"rank{rank}.log").read_text().splitlines() == [f"r{rank} line {i}" for i in range(3000)]
+    assert "earlier lines not shown; the full log is in" in plain
+
+
+def test_auto_picks_text_under_a_bare_jupyter_client(kernel: Kernel) -> None:
+    run = kernel.execute(RICH_LAUNCH.replace("OUTPUT", "'auto'"), timeout=90)
+    assert run.status == "ok"
+    assert run.of_type("comm_open") == []
+    lines = run.stdout.splitlines()
+    assert "[rank 0] <IPython.core.display.HTML object>" in lines and "[rank 1] line from rank 1" in lines
+    assert "[rank 0] <Figure size 640x480 with 1 Axes>" in lines and lines[-1] == "raised: rank 1 failed: ValueError: rank 1 broke"
+    bar_lines = [line for line in lines if "train" in line]
+    assert 2 <= len(bar_lines) <= 12  # a few states per bar, never one line per step
+    assert any(line.startswith("[rank 0] train: 100%") for line in bar_lines)
+    _no_ranks_left(kernel)
+
+
+def _execute_as(kernel: Kernel, code: str, metadata: dict[str, Any], timeout: float = 60.0) -> Execution:
+    """Like Kernel.execute, with execute_request metadata (what JupyterLab sends with each cell)."""
+    client = kernel.client
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    msg = client.session.msg("execute_request", content, metadata=metadata)
+    client.shell_channel.send(msg)
+    return _collect(kernel, msg["header"]["msg_id"], timeout)
+
+
+def _collect(kernel: Kernel, msg_id: str, timeout: float) -> Execution:
+    started, messages = time.monotonic(), []
+    while True:
+        try:
+            msg = kernel.client.get_iopub_msg(timeout=max(0.01, started + timeout - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no idle within {timeout} s") from None
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        messages.append(msg)
+    while True:
+        reply = kernel.client.get_shell_msg(timeout=10)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started)
+
+
+PICK = "import nbaccel.output.select as s; print(type(s.make_sink(None)).__name__)"
+
+
+def test_auto_picks_widgets_for_a_jupyterlab_notebook_cell(tmp_path: Path) -> None:
+    with running_kernel(env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path)}) as k:
+        assert k.execute(PICK).stdout == "RichTextSink\n"
+        lab_cell = {"deletedCells": [], "recordTiming": False, "cellId": str(uuid.uuid4())}
+        assert _execute_as(k, PICK, lab_cell).stdout == "WidgetSink\n"
+        nbclient_cell = {"cellId": str(uuid.uuid4())}
+        assert _execute_as(k, PICK, nbclient_cell).stdout == "RichTextSink\n"
+
+
+def test_auto_picks_widgets_once_a_frontend_opens_the_widget_control_comm(tmp_path: Path) -> None:
+    with running_kernel(env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path)}) as k:
+        assert k.execute(PICK).stdout == "RichTextSink\n"  # nbaccel is loaded and watching from here on
+        comm_id = uuid.uuid4().hex
+        opening = k.client.session.msg(
+            "comm_open", {"comm_id": comm_id, "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"}
+        )
+        k.client.shell_channel.send(opening)  # what JupyterLab's widget manager does when it (re)connects
+        asking = k.client.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "request_states"}})
+        k.client.shell_channel.send(asking)
+        deadline = time.monotonic() + 10
+        answered = False
+        while time.monotonic() < deadline and not answered:
+            try:
+                msg = k.client.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            answered = msg["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update_states"
+        assert answered, "ipywidgets must still answer the frontend's request for widget states"
+        assert k.execute(PICK).stdout == "WidgetSink\n"
+
+
+def test_a_spawned_launch_shows_rich_output_too(kernel: Kernel) -> None:
+    run = kernel.execute(
+        "import nbaccel\n"
+        "def show():\n"
+        "    from IPython.display import display, Markdown\n"
+        "    display(Markdown('**from a fresh interpreter**'))\n"
+        "nbaccel.notebook_launcher(show, num_processes=1, start_method='spawn', output='widgets')",
+        timeout=90,
+    )
+    assert run.status == "ok", run.stderr
+    outputs = _outputs_of_every_output_widget(run)
+    assert any(o.get("data", {}).get("text/markdown") == "**from a fresh interpreter**" for o in outputs), json.dumps(outputs)[:500]
