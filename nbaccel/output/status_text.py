@@ -64,6 +64,8 @@ def rank_state(outcome: RankOutcome) -> RankState:
         code = f", exit code {outcome.exitcode}" if outcome.exitcode is not None else ""
         return RankState("failed", f"failed ({name})", f"failed: {name}{code}")
     if status is Status.EXITED:
+        if outcome.exitcode is None and outcome.signal_name:  # returned, then died by a signal
+            return RankState("failed", f"failed ({outcome.signal_name})", f"failed: killed by {outcome.signal_name} after returning")
         return RankState("failed", f"failed (exit {outcome.exitcode})", f"failed: exited with code {outcome.exitcode} without returning")
     if status is Status.SIGNALED:
         return RankState("failed", f"failed ({outcome.signal_name})", f"failed: killed by {outcome.signal_name}")

@@ -37,19 +37,33 @@ for step in tqdm(range(30), desc="train"):
     if step % 5 == 0:
         print(f"tick {step} on rank {rank}", flush=True)
 if rank == 0:
-    open(MARKER, "w").close()
+    open(MARKER, "w").write(str(os.getpid()))
 else:
-    while not os.path.exists(MARKER):  # fail once rank 0 is through: its view never depends on timing
-        time.sleep(0.02)
+    wait_until_exited(MARKER)
     raise ValueError("rank 1 broke")
 """
+
+WAIT = '''def wait_until_exited(marker):
+    """Rank 1's side: fail only after rank 0 has returned and exited, so rank 0 ends as "done"."""
+    import os, time
+    while not os.path.exists(marker) or not open(marker).read():
+        time.sleep(0.01)
+    status = f"/proc/{open(marker).read()}/status"
+    while True:
+        try:
+            if "zombie" in open(status).read():
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+'''
 
 
 def _notebook(root: Path) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
-        nbformat.v4.new_code_cell(f"%load_ext nbaccel\nMARKER = {str(root / 'rank0-done')!r}"),
+        nbformat.v4.new_code_cell(f"%load_ext nbaccel\nMARKER = {str(root / 'rank0-done')!r}\n{WAIT}"),
         nbformat.v4.new_code_cell(CELL),
     ]
     path = root / "ranks.ipynb"

@@ -25,6 +25,21 @@ pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 RICH_LAUNCH = r"""
 import nbaccel
 
+def wait_until_exited(marker):
+    '''Rank 1's side: fail only after rank 0 has returned and exited, so rank 0 ends as 'done'.'''
+    import os, time
+    while not os.path.exists(marker) or not open(marker).read():
+        time.sleep(0.01)
+    status = f"/proc/{open(marker).read()}/status"
+    while True:
+        try:
+            if "zombie" in open(status).read():
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+
+
 def work():
     import os, time
     import matplotlib.pyplot as plt
@@ -37,12 +52,9 @@ def work():
     plt.plot([0, 1], [rank, 1 - rank]); plt.show()
     print(f"line from rank {rank}", flush=True)
     if rank == 1:
-        # fail only once rank 0 is through, so what rank 0 shows does not depend on timing
-        deadline = time.monotonic() + 30
-        while not os.path.exists(MARKER) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until_exited(MARKER)  # so what rank 0 shows (and its status) never depends on timing
         raise ValueError("rank 1 broke")
-    open(MARKER, "w").close()
+    open(MARKER, "w").write(str(os.getpid()))
     return rank
 
 import tempfile, os

@@ -51,6 +51,7 @@ OUTCOMES = [
     (RankOutcome(1, Status.SUCCEEDED, exitcode=0), "rank 1 · done", "rank 1 · done"),
     (RankOutcome(1, Status.FAILED, exitcode=1, error=ERROR), "rank 1 · failed (ValueError)", "rank 1 · failed: ValueError, exit code 1"),
     (RankOutcome(1, Status.EXITED, exitcode=3), "rank 1 · failed (exit 3)", "rank 1 · failed: exited with code 3 without returning"),
+    (RankOutcome(1, Status.EXITED, signal=15), "rank 1 · failed (SIGTERM)", "rank 1 · failed: killed by SIGTERM after returning"),
     (RankOutcome(1, Status.SIGNALED, signal=11), "rank 1 · failed (SIGSEGV)", "rank 1 · failed: killed by SIGSEGV"),
     (RankOutcome(1, Status.STOPPED, signal=15), "rank 1 · stopped", "rank 1 · stopped by nbaccel after another rank failed (SIGTERM)"),
     (RankOutcome(1, Status.INTERRUPTED, exitcode=130), "rank 1 · interrupted", "rank 1 · interrupted (kernel interrupt)"),
@@ -58,7 +59,7 @@ OUTCOMES = [
 ]
 
 
-@pytest.mark.parametrize(("outcome", "title", "chip"), OUTCOMES, ids=[o[0].status.name for o in OUTCOMES])
+@pytest.mark.parametrize(("outcome", "title", "chip"), OUTCOMES, ids=[f"{o[0].status.name}-{o[1].split('(')[-1].rstrip(')')}" for o in OUTCOMES])
 def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publisher: FakePublisher, tmp_path: Path, outcome: RankOutcome, title: str, chip: str) -> None:
     sink = _sink(publisher, tmp_path)
     sink.launch_started(2, attempt=0)
