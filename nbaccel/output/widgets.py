@@ -20,20 +20,42 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..outcome import RankOutcome, Status
 from . import events
 from .launch_view import LaunchView
 from .logdir import DEFAULT_KEEP, LaunchLogs
+from .rich_text import RichTextSink
 from .static_view import static_bundle
 from .status_text import RUNNING, elapsed_words, failure_headline, rank_state
 
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _text_if_broken(method: F) -> F:
+    """A failure of the view must never fail the launch: the rest of it is shown as text."""
+
+    @functools.wraps(method)
+    def wrapper(self: WidgetSink, *args: Any, **kwargs: Any) -> None:
+        if self._fallback is None:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - any bug or comm failure in the view
+                self._fall_back(exc)
+        assert self._fallback is not None
+        getattr(self._fallback, method.__name__)(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class Publisher(Protocol):
@@ -101,9 +123,11 @@ class WidgetSink:
         self._finished_ranks: set[int] = set()
         self._outcomes: dict[int, RankOutcome] = {}
         self._cell_hook: Any = None
+        self._fallback: RichTextSink | None = None
 
     # -- the Sink protocol -------------------------------------------------------------------
 
+    @_text_if_broken
     def launch_started(self, num_processes: int, attempt: int) -> None:
         self._finish()  # a previous attempt that ended without launch_finished
         with self._lock:
@@ -125,6 +149,7 @@ class WidgetSink:
             self._ticker = _Ticker(self, self.interval)
             self._ticker.start()
 
+    @_text_if_broken
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
         with self._lock:
             if self.view is None or self.finished:
@@ -135,6 +160,7 @@ class WidgetSink:
             self.view.panels[rank].add_lines(stream, lines)
             self._push_due(time.monotonic())
 
+    @_text_if_broken
     def event(self, rank: int, event: dict[str, Any]) -> None:
         with self._lock:
             if self.view is None or self.finished:
@@ -157,6 +183,7 @@ class WidgetSink:
                     panel.add_lines("stdout", text.splitlines())
             self._push_due(time.monotonic())
 
+    @_text_if_broken
     def rank_finished(self, outcome: RankOutcome) -> None:
         with self._lock:
             if self.view is None or self.finished:
@@ -175,6 +202,7 @@ class WidgetSink:
         if all_done:
             self._finish()
 
+    @_text_if_broken
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
         self._finish(outcomes)
 
@@ -238,7 +266,25 @@ class WidgetSink:
 
     def close(self) -> None:
         """End the view now if it is still live (the cell ended without launch_finished)."""
-        self._finish()
+        try:
+            self._finish()
+        except Exception as exc:  # noqa: BLE001 - called from IPython's post_run_cell hook
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: Exception) -> None:
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.stop()
+        self.finished = True
+        self._unwatch_cell_end()
+        if self.logs is not None:
+            self.logs.close()
+        self._fallback = RichTextSink()
+        print(
+            f"nbaccel: the live widget view failed ({type(exc).__name__}: {exc}); the rest of this launch is shown "
+            "as text. Please report this; output='text' avoids the widget view.",
+            file=sys.stderr,
+        )
 
     def _summary(self, elapsed: float) -> str:
         assert self.view is not None

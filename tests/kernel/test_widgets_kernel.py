@@ -255,3 +255,34 @@ def test_a_spawned_launch_shows_rich_output_too(kernel: Kernel) -> None:
     assert run.status == "ok", run.stderr
     outputs = _outputs_of_every_output_widget(run)
     assert any(o.get("data", {}).get("text/markdown") == "**from a fresh interpreter**" for o in outputs), json.dumps(outputs)[:500]
+
+
+SLEEPY = (
+    "import nbaccel, time\n"
+    "def sleepy():\n"
+    "    print('started', flush=True)\n"
+    "    time.sleep(60)\n"
+)
+
+
+def _final_plain(run: Execution) -> str:
+    (final,) = run.of_type("update_display_data")
+    return final["content"]["data"]["text/plain"]
+
+
+def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
+    run = kernel.execute(SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')", timeout=60, interrupt_after=2.0)
+    assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
+    plain = _final_plain(run)
+    assert "interrupted after" in plain.splitlines()[0]
+    assert "── rank 0 · interrupted ──" in plain and "── rank 1 · interrupted ──" in plain
+    _no_ranks_left(kernel)
+
+
+def test_a_timed_out_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
+    run = kernel.execute(SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets', timeout=1.5)", timeout=60)
+    assert run.error is not None and run.error["ename"] == "LaunchTimeoutError"
+    plain = _final_plain(run)
+    assert "timed out after" in plain.splitlines()[0] and "── rank 1 · timed out ──" in plain
+    assert "started" in plain
+    _no_ranks_left(kernel)

@@ -184,3 +184,20 @@ def test_many_launches_leave_no_widgets_behind(publisher: FakePublisher, tmp_pat
         sink.tick()
         sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
     assert len(_instances) == before
+
+
+def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(2, attempt=0)
+    sink.output(0, "stdout", ["shown in the widget"])
+
+    def broken(stream: str, lines: list[str]) -> None:
+        raise RuntimeError("comm gone")
+
+    sink.view.panels[1].add_lines = broken  # type: ignore[method-assign]
+    sink.output(1, "stdout", ["after the failure"])
+    sink.output(0, "stdout", ["still text"])
+    sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
+    captured = capsys.readouterr()
+    assert "the live widget view failed (RuntimeError: comm gone)" in captured.err
+    assert captured.out.splitlines() == ["[rank 1] after the failure", "[rank 0] still text"]
