@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import io
 import os
 import pickle
 import signal
 import struct
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -39,13 +41,46 @@ class Kind(enum.IntEnum):
 
 
 def dumps(value: Any) -> bytes:
-    """Pickle ``value``, falling back to cloudpickle for lambdas and notebook-defined classes."""
+    """Pickle ``value``, falling back to cloudpickle for lambdas and notebook-defined classes.
+
+    Tensors on a GPU are moved to the CPU on the way: unpickling a CUDA tensor in the kernel
+    would initialise CUDA there, and no later launch could fork.
+    """
+    on_gpu = _cuda_in_use()
     try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        if not on_gpu:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return _dump_with(_cpu_pickler(pickle.Pickler), value)
     except (pickle.PicklingError, AttributeError, TypeError):
         import cloudpickle  # only when plain pickle cannot: it is slower and imports more
 
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        if not on_gpu:
+            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return _dump_with(_cpu_pickler(cloudpickle.Pickler), value)
+
+
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def _dump_with(pickler_class: type, value: Any) -> bytes:
+    buffer = io.BytesIO()
+    pickler_class(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def _cpu_pickler(base: type) -> type:
+    import torch
+
+    class CpuPickler(base):  # type: ignore[misc, valid-type]
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            parent = getattr(super(), "reducer_override", None)
+            return parent(obj) if parent is not None else NotImplemented
+
+    return CpuPickler
 
 
 def loads(payload: bytes) -> Any:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 from .outcome import RankOutcome
 
 
 class NbaccelError(Exception):
-    """Base class of every error nbaccel raises on purpose."""
+    """Base class of every error nbaccel raises on purpose.
+
+    In IPython only the message is shown: it already says what was detected, why and how to
+    fix it, and nbaccel's own stack would only bury it.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines() or [""]
+        return [f"{type(self).__name__}: {lines[0]}", *lines[1:]]
 
 
 class PreflightError(NbaccelError):
@@ -63,10 +73,32 @@ class RankFailedError(NbaccelError):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of the kernel-side stack: the launcher's frames say nothing
         # about the user's bug, the rank's traceback does.
-        return [f"RankFailedError: {line}" if i == 0 else line for i, line in enumerate(self.report().splitlines())]
+        lines = _with_cell_names(self.report()).splitlines()
+        return [f"RankFailedError: {lines[0]}", *lines[1:]]
 
     def __reduce__(self):  # picklable across processes (e.g. a pool relaying it)
         return (_rebuild_rank_failed, (self.__dict__,))
+
+
+def _with_cell_names(text: str) -> str:
+    """Name notebook cells as IPython does (``Cell In[3], line 2``), not by their temp file."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return text
+    shell = get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if not names:
+        return text
+
+    def rename(match: re.Match[str]) -> str:
+        number = names.get(match.group(1))
+        return f"Cell In[{number}], line {match.group(2)}" if number is not None else match.group(0)
+
+    return _FILE_LINE.sub(rename, text)
+
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def _rebuild_rank_failed(state: dict) -> RankFailedError:

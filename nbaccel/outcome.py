@@ -80,7 +80,7 @@ class RankOutcome:
         """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
         if self.status is Status.FAILED and self.error is not None:
             return f"rank {self.rank}: failed ({_shorten(self.error.headline())})"
-        if self.status is Status.SIGNALED:
+        if self.status is Status.SIGNALED or (self.status is Status.EXITED and self.signal is not None):
             return f"rank {self.rank}: killed by {self.signal_name}"
         if self.status is Status.EXITED:
             return f"rank {self.rank}: exited with code {self.exitcode} without returning"

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import signal
 
 from . import channel
@@ -75,6 +76,8 @@ class Supervisor(RankWatch):
         if kind is channel.Kind.RESULT:
             outcome.value = channel.loads(payload)
             outcome.status = Status.SUCCEEDED
+            if all(o.status is Status.SUCCEEDED for o in self.outcomes):
+                self._release()
         elif kind is channel.Kind.ERROR:
             outcome.error = RemoteError(**channel.loads(payload))
             if not self._echoes_our_stop(outcome.error):
@@ -82,6 +85,16 @@ class Supervisor(RankWatch):
                 self._stop(Status.STOPPED)
         else:
             super().on_frame(rank, kind, payload)
+
+    def _release(self) -> None:
+        """Every rank returned: let the ones waiting to leave their process group go."""
+        for pipes in self.pipes:
+            if pipes.commands is None:
+                continue
+            try:
+                os.write(pipes.commands, b"\0")
+            except OSError:  # the rank had no process group and is already gone
+                pass
 
     def _echoes_our_stop(self, error: RemoteError) -> bool:
         """A peer's closed connection or our own SIGINT, raised after we began stopping."""
@@ -95,7 +108,7 @@ class Supervisor(RankWatch):
         assert code is not None
         outcome.exitcode = code if code >= 0 else None
         outcome.signal = -code if code < 0 else None
-        if outcome.status is Status.SUCCEEDED and code != 0:
+        if outcome.status is Status.SUCCEEDED and code != 0 and not proc.signals_sent:
             outcome.status = Status.EXITED  # returned, then died in teardown: the value is suspect
         if outcome.status is Status.RUNNING:
             outcome.status = self._status_of_silent_end(proc, outcome, code)

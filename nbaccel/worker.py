@@ -127,7 +127,7 @@ def execute(job: Job, ends: ChildEnds) -> int:
     args = (ends, *job.args) if job.pass_ends else job.args
     code = call_and_report(lambda: job.function(*args), ends.channel)
     if code == 0:
-        _destroy_process_group()
+        _leave_process_group(ends.commands)
     return code
 
 
@@ -195,8 +195,16 @@ def _send_unpicklable(channel_fd: int, value: Any, exc: Exception) -> None:
     )
 
 
-def _destroy_process_group() -> None:
-    """Tear down a process group the function created (the launcher owns teardown)."""
+def _leave_process_group(release_fd: int | None) -> None:
+    """Tear down a process group the function created (the launcher owns teardown).
+
+    First wait for the kernel's word that every rank has returned: a rank that leaves while a
+    peer is still connecting its gloo mesh makes that peer fail ("Connection closed by peer").
+    The kernel kills the waiting ranks instead if another rank fails, so this never hangs.
+    """
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if release_fd is not None:
+        os.read(release_fd, 1)
+    dist.destroy_process_group()

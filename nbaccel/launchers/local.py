@@ -24,7 +24,7 @@ class LocalLauncher(Launcher):
 
     def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
         sink.launch_started(plan.num_processes, attempt)
-        group = RankGroup.start(self.starter, job, plan, attempt)
+        group = RankGroup.start(self.starter, job, plan, attempt, with_commands=True)
         try:
             return Supervisor(group.processes, group.pipes, sink, plan.deadline, plan.timeout).run()
         finally:

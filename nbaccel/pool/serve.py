@@ -37,11 +37,13 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
         while True:
             frame = _next_command(ends.commands, decoder)
             if frame is None or frame[0] is channel.Kind.STOP:
-                return
+                break
             task = channel.loads(frame[1])
             call_and_report(lambda: task(namespace), ends.channel)
     finally:
         restore()
+    # Every rank joined the group before READY, so leaving needs no exit barrier here.
+    _destroy_default_group()
 
 
 def _namespace(seed: dict[str, Any] | None) -> dict[str, Any]:
@@ -71,6 +73,13 @@ def _next_command(fd: int, decoder: channel.FrameDecoder) -> tuple[channel.Kind,
         pending = decoder.feed(chunk)
     assert len(pending) == 1, "the kernel sends one command at a time"
     return pending[0]
+
+
+def _destroy_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _defer_destroy_process_group() -> Any:

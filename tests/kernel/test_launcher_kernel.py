@@ -71,6 +71,7 @@ def test_a_failing_rank_shows_its_notebook_traceback_not_the_launcher(kernel: Ke
     text = "\n".join(error["traceback"])
     assert "rank 1 failed: ValueError: boom from the notebook" in text
     assert 'raise ValueError("boom from the notebook")' in text  # the cell's own source line
+    assert "Cell In[" in text  # named as IPython names cells, not by a temp file
     assert "rank 1 says goodbye" in text
     assert "supervisor.py" not in text  # the kernel-side stack is not shown
     assert _children(kernel) == []

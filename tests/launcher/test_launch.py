@@ -64,6 +64,21 @@ def test_user_code_creates_the_process_group_and_the_launcher_tears_it_down(n: i
     assert results == [(r, n, n * (n + 1) / 2) for r in range(n)]
 
 
+def join_and_leave_at_once() -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_rank()
+
+
+@pytest.mark.slow
+def test_ranks_that_leave_right_after_joining_never_fail_a_peer_still_connecting() -> None:
+    # Without an exit barrier, a rank that returns at once can exit while a peer is still
+    # connecting its gloo mesh, and the peer fails with "Connection closed by peer".
+    for _ in range(60):
+        assert nbaccel.notebook_launcher(join_and_leave_at_once, num_processes=3, output=CollectingSink()) == [0, 1, 2]
+
+
 def noisy() -> str:
     import ctypes
 
