@@ -38,6 +38,7 @@ class Kind(enum.IntEnum):
     READY = 4  # a persistent worker joined its process group and waits for tasks
     TASK = 5  # kernel to worker: run this (task_id, callable) in the worker's namespace
     STOP = 6  # kernel to worker: leave the serve loop
+    IMPORTED = 7  # heavy modules the rank had to import (nbaccel.warm), for the kernel to preload
 
 
 def dumps(value: Any) -> bytes:

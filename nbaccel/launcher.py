@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from . import warm
 from .errors import RankFailedError
 from .launchers.base import LaunchPlan, Launcher
 from .launchers.local import LocalLauncher
@@ -82,7 +83,10 @@ def notebook_launcher(
     plan = make_plan(num_processes, mixed_precision, use_port, master_addr, timeout, max_restarts, gpus, cpu, started)
     launcher = LocalLauncher(choose_starter(start_method))
     sink = make_sink(output)
-    return _run(launcher, Job(function, tuple(args)), plan, sink)
+    try:
+        return _run(launcher, Job(function, tuple(args)), plan, sink)
+    finally:
+        warm.import_noted()
 
 
 def _run(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:

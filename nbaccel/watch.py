@@ -18,7 +18,7 @@ import selectors
 import time
 from collections.abc import Callable
 
-from . import channel
+from . import channel, warm
 from .output.relay import RankPipes
 from .output.sinks import Sink
 from .process import RankProcess
@@ -46,6 +46,8 @@ class RankWatch:
     def on_frame(self, rank: int, kind: channel.Kind, payload: bytes) -> None:
         if kind is channel.Kind.EVENT:
             self.sink.event(rank, channel.loads(payload))
+        elif kind is channel.Kind.IMPORTED:
+            warm.note(channel.loads(payload))
 
     def on_exit(self, rank: int) -> None:
         """``rank`` was reaped and its pipes drained."""

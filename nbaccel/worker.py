@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
-from . import channel
+from . import channel, warm
 from .output import rank_hooks
 from .output.capture import _libc, flush_all, redirect_stdio
 
@@ -56,6 +56,7 @@ class ChildEnds:
 def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
     """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code."""
     exit_code = _EXIT_SETUP_FAILED
+    modules_at_start = warm.present()
     try:
         _detach_from_kernel(parent_pid, close_fds)
         redirect_stdio(ends.stdout, ends.stderr)
@@ -65,6 +66,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         _pin_device(env)
         rank_hooks.install(ends.channel)
         exit_code = execute(job, ends)
+        _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:
             traceback.print_exc()
@@ -193,6 +195,12 @@ def _send_unpicklable(channel_fd: int, value: Any, exc: Exception) -> None:
         channel.Kind.ERROR,
         {"type_name": "UnpicklableResultError", "message": message, "traceback": "", "timestamp": time.time()},
     )
+
+
+def _report_imports(at_start: set[str], channel_fd: int) -> None:
+    imported = warm.imported_by_rank(at_start)
+    if imported:
+        channel.send(channel_fd, channel.Kind.IMPORTED, sorted(imported))
 
 
 def _leave_process_group(release_fd: int | None) -> None:

@@ -374,3 +374,24 @@ def test_a_taken_use_port_is_a_clear_error() -> None:
         with pytest.raises(nbaccel.PreflightError, match=f"port {port} on 127.0.0.1 is already in use"):
             nbaccel.notebook_launcher(rank_info, num_processes=2, use_port=port)
     assert nbaccel.notebook_launcher(all_reduce_rank, num_processes=2, use_port=port)[1] == (1, 2, 3.0)
+
+
+WARMING = """
+import sys, nbaccel
+assert "torch._dynamo" not in sys.modules
+def ddp():
+    import torch
+    nbaccel.PartialState()
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+nbaccel.notebook_launcher(ddp, num_processes=2, output="text")
+print("warm" if "torch._dynamo" in sys.modules else "cold")
+"""
+
+
+@pytest.mark.slow
+def test_modules_ddp_had_to_import_in_every_rank_are_imported_once_in_the_kernel() -> None:
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-c", WARMING], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("warm")
