@@ -16,12 +16,19 @@ rank show the cell's lines: a forked rank inherits linecache, and an unpickled `
 rank, later a remote worker) puts its text back there. A syntax error is raised here, in the
 kernel, before anything forks.
 
+``compile_pool_cell`` is the variant for persistent workers: the cell runs as module code with a
+rank's namespace as its globals, as a notebook runs a cell, so the names it assigns stay in that
+namespace for the next cell. It shares the file name, header, ``;`` and linecache handling.
+
 Example:
     >>> cell = compile_cell("x = 6 * 7\\nx")
     >>> cell()
     42
     >>> compile_cell("x = 6 * 7\\nx;")() is None
     True
+    >>> namespace = {}
+    >>> compile_pool_cell("x = 6 * 7\\nx")(namespace), namespace["x"]
+    (42, 42)
 """
 
 from __future__ import annotations
@@ -132,10 +139,7 @@ def compile_cell(
         >>> cell()
         42
     """
-    text = source if header is None else f"{header}\n{source}"
-    filename = (cache or _cache_in_linecache)(text)
-    future = flags & _FUTURE_FLAGS
-    offset = 0 if header is None else header.count("\n") + 1
+    text, filename, offset, future = _prepare(source, header, cache, flags)
     function = _compile_function(source, text, filename, offset, future, {} if namespace is None else namespace)
     return Cell(function, source, header, filename, future)
 
@@ -195,12 +199,97 @@ def _rebuild(source: str, header: str | None, filename: str, flags: int, namespa
     return compile_cell(source, namespace, header=header, cache=lambda text: _cache_as(filename, text), flags=flags)
 
 
-def _compile_function(source: str, text: str, filename: str, offset: int, future: int, namespace: dict[str, Any]) -> types.FunctionType:
+def compile_pool_cell(source: str, *, header: str | None = None, cache: Callable[[str], str] | None = None, flags: int = 0) -> PoolCell:
+    """Compile a cell's ``source`` to run with a persistent namespace as its globals (a `PoolCell`).
+
+    Unlike `compile_cell`, the cell is not a function body: it runs as module code, as a notebook
+    runs a cell, so the names it assigns persist in the namespace it runs in. ``header``,
+    ``cache`` and ``flags`` are as for `compile_cell`, and so are ``;`` and syntax errors.
+
+    Example:
+        >>> rank_namespace = {"scale": 10}
+        >>> cell = compile_pool_cell("w = scale * 2\\nw + 1")
+        >>> cell(rank_namespace), rank_namespace["w"]
+        (21, 20)
+        >>> compile_pool_cell("w;")(rank_namespace) is None
+        True
+    """
+    text, filename, offset, future = _prepare(source, header, cache, flags)
+    body, last = _compile_module(source, text, filename, offset, future)
+    return PoolCell(body, last, source, header, filename, future)
+
+
+class PoolCell:
+    """A cell compiled for persistent workers: ``cell(namespace)`` runs it there, returns its value.
+
+    Attributes: ``source``, ``header``, ``filename``, ``flags``. Like `Cell`, it pickles by its
+    source and recompiles under the same file name, with the text back in linecache (the rank
+    forked before this cell existed, and cloudpickle would rename the code to ``<dynamic-code>``).
+
+    Example:
+        >>> import pickle
+        >>> cell = pickle.loads(pickle.dumps(compile_pool_cell("n = 2\\nn * 21")))
+        >>> cell({}), cell.filename.startswith("<nbaccel-cell-")
+        (42, True)
+    """
+
+    __slots__ = ("_body", "_last", "source", "header", "filename", "flags")
+
+    def __init__(self, body: types.CodeType, last: types.CodeType | None, source: str, header: str | None, filename: str, flags: int) -> None:
+        self._body, self._last = body, last
+        self.source, self.header, self.filename, self.flags = source, header, filename, flags
+
+    def __call__(self, namespace: dict[str, Any]) -> Any:
+        exec(self._body, namespace)  # noqa: S102 - the user's own cell, in the user's own worker
+        return None if self._last is None else eval(self._last, namespace)  # noqa: S307
+
+    def __repr__(self) -> str:
+        return f"<nbaccel pool cell {self.filename}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_pool_cell, (self.source, self.header, self.filename, self.flags))
+
+
+def _rebuild_pool_cell(source: str, header: str | None, filename: str, flags: int) -> PoolCell:
+    return compile_pool_cell(source, header=header, cache=lambda text: _cache_as(filename, text), flags=flags)
+
+
+def _prepare(source: str, header: str | None, cache: Callable[[str], str] | None, flags: int) -> tuple[str, str, int, int]:
+    """The cached text (header + source), its file name, the header's line count, the future flags."""
+    text = source if header is None else f"{header}\n{source}"
+    filename = (cache or _cache_in_linecache)(text)
+    offset = 0 if header is None else header.count("\n") + 1
+    return text, filename, offset, flags & _FUTURE_FLAGS
+
+
+def _parse(source: str, filename: str, offset: int, future: int) -> ast.Module:
     # Blank lines in place of the header keep the parser's line numbers equal to the cached text's.
     tree = compile("\n" * offset + source, filename, "exec", ast.PyCF_ONLY_AST | future, dont_inherit=True)
     assert isinstance(tree, ast.Module)
+    return tree
+
+
+def _shows_last(body: list[ast.stmt], source: str) -> bool:
+    """Whether the cell ends with an expression whose value is shown (no trailing ``;``)."""
+    return bool(body) and isinstance(body[-1], ast.Expr) and not _ends_with_semicolon(source)
+
+
+def _compile_module(source: str, text: str, filename: str, offset: int, future: int) -> tuple[types.CodeType, types.CodeType | None]:
+    """The cell as module code, and its last expression compiled apart (None when not shown)."""
+    body = _parse(source, filename, offset, future).body
+    last = body.pop() if _shows_last(body, source) else None
+    try:
+        code = compile(ast.Module(body=body, type_ignores=[]), filename, "exec", future, dont_inherit=True)
+        value = None if last is None else compile(ast.Expression(body=last.value), filename, "eval", future, dont_inherit=True)  # type: ignore[attr-defined]
+    except SyntaxError as error:  # what the parser accepts but the compiler does not (return, await)
+        raise _explained(error, text) from None
+    return code, value
+
+
+def _compile_function(source: str, text: str, filename: str, offset: int, future: int, namespace: dict[str, Any]) -> types.FunctionType:
+    tree = _parse(source, filename, offset, future)
     _reject_yield(tree.body, filename, text)
-    module = ast.Module(body=[_as_function(tree.body, returns_last=not _ends_with_semicolon(source))], type_ignores=[])
+    module = ast.Module(body=[_as_function(tree.body, returns_last=_shows_last(tree.body, source))], type_ignores=[])
     ast.fix_missing_locations(module)
     try:
         code = compile(module, filename, "exec", future, dont_inherit=True)
@@ -214,7 +303,7 @@ def _compile_function(source: str, text: str, filename: str, offset: int, future
 
 def _as_function(body: list[ast.stmt], returns_last: bool) -> ast.FunctionDef:
     """``def distributed_cell(state=None): <body>`` with the last expression returned."""
-    if returns_last and body and isinstance(body[-1], ast.Expr):
+    if returns_last:
         last = body[-1]
         body = [*body[:-1], ast.copy_location(ast.Return(value=last.value), last)]
     # Parsing a template keeps this independent of the FunctionDef fields of each Python version.
@@ -232,7 +321,9 @@ def _explained(error: SyntaxError, text: str) -> SyntaxError:
     if error.msg.startswith("import *"):
         error.msg += " (a %%distributed cell runs as a function body: import the names you use, or the module)"
     elif "await" in error.msg:
-        error.msg += " (a %%distributed cell runs as a plain function body: call asyncio.run(...) in it)"
+        error.msg += " (a %%distributed cell cannot await at its top level: call asyncio.run(...) in it)"
+    elif error.msg.startswith("'return' outside function"):
+        error.msg += " (with running workers a %%distributed cell runs as notebook code: end it with the expression to show)"
     return error
 
 
