@@ -1,9 +1,10 @@
-"""``%%distributed``: run a notebook cell on every rank; a thin adapter over ``notebook_launcher``.
+"""``%%distributed`` and ``%distributed``: thin adapters over ``notebook_launcher`` and the workers.
 
-Parsing lives in IPython's ``magic_arguments`` (so ``%%distributed?`` prints the options), the
-cell becomes a function in ``nbaccel.cell``, and ``nbaccel.notebook_launcher`` runs it. This
-module only translates between them: options to launcher arguments, user mistakes to a one-line
-``UsageError``, rank 0's value to the cell's ``Out[]``.
+Parsing lives in IPython's ``magic_arguments`` (so ``%%distributed?`` and ``%distributed?`` print
+the options), the cell is compiled in ``nbaccel.cell``, and either ``nbaccel.notebook_launcher``
+runs it once (no workers running) or the persistent workers run it (``nbaccel.pool_cells``,
+``nbaccel.notebook_workers``). This module only translates between them: options to arguments,
+user mistakes to a one-line ``UsageError``, rank 0's value to the cell's ``Out[]``.
 
 Example (in a notebook)::
 
@@ -12,125 +13,90 @@ Example (in a notebook)::
     %%distributed -n 2 -o everyone
     state.print(f"hello from rank {state.process_index}")
     state.process_index * 10       # Out[]: 0 (rank 0's value); everyone == [0, 10]
+
+    %distributed start -n 2         # from now on cells run on two persistent workers
 """
 
 from __future__ import annotations
 
 import argparse
-import keyword
+import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from .cell import compile_cell
+from . import worker_commands
+from .cell import compile_cell, compile_pool_cell
 from .env import MIXED_PRECISIONS
 from .errors import NbaccelError
+from .magic_options import (
+    check_for_workers,
+    check_one_shot,
+    gpu_list,
+    launcher_arguments,
+    non_negative_int,
+    output_mode,
+    positive_int,
+    rank_list,
+    seconds,
+    variable_name,
+)
+from .notebook_workers import NotebookWorkers
 from .plan import START_METHODS
 
 MAGIC_NAME = "distributed"
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _gpu_list(text: str) -> tuple[int, ...]:
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() for part in parts):
-        raise argparse.ArgumentTypeError(f"expected device indices separated by commas, e.g. --gpus 0,2,3; got {text!r}")
-    return tuple(int(part) for part in parts)
-
-
-def _variable_name(text: str) -> str:
-    if not text.isidentifier() or keyword.iskeyword(text):
-        raise argparse.ArgumentTypeError(f"expected a Python variable name to store the results in, got {text!r}")
-    return text
-
-
-def launcher_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``notebook_launcher`` keyword arguments that parsed magic options stand for.
-
-    Options left out are left out here too, so the launcher's defaults (and ``NBACCEL_OUTPUT``)
-    decide.
-
-    Example:
-        >>> ns = argparse.Namespace(num_processes=2, gpus=None, mixed_precision=None, start_method=None,
-        ...     timeout=None, max_restarts=None, cpu=False, text=True, widgets=False, out=None)
-        >>> launcher_arguments(ns)
-        {'num_processes': 2, 'output': 'text'}
-    """
-    if args.text and args.widgets:
-        raise UsageError("--text and --widgets contradict each other: pass one of them (or neither, to choose by itself).")
-    kwargs: dict[str, Any] = {}
-    for option in ("num_processes", "gpus", "mixed_precision", "start_method", "timeout", "max_restarts"):
-        value = getattr(args, option)
-        if value is not None:
-            kwargs[option] = value
-    if args.cpu:
-        kwargs["cpu"] = True
-    if args.text or args.widgets:
-        kwargs["output"] = "text" if args.text else "widgets"
-    return kwargs
+__all__ = ["CellSyntaxError", "DistributedMagics", "launcher_arguments", "register", "unregister"]
 
 
 @magics_class
 class DistributedMagics(Magics):
-    """The ``%%distributed`` cell magic.
+    """``%%distributed`` runs a cell on every rank; ``%distributed`` drives persistent workers.
 
-    The ``%distributed`` *line* magic (start/stop/status/push/pull of persistent workers) is a
-    later addition: it will be a second method registered with ``@line_magic("distributed")``,
-    so the cell magic's options and parser stay as they are.
+    Without workers each ``%%distributed`` cell is a one-shot launch (``notebook_launcher``);
+    after ``%distributed start`` cells run on the workers (``nbaccel.pool_cells``), which this
+    instance holds (``self.workers``) until ``%distributed stop`` or ``%unload_ext nbaccel``.
     """
 
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        self.workers = NotebookWorkers(lambda: self.shell.user_ns)
+
+    @line_magic(MAGIC_NAME)
+    def distributed_line(self, line: str) -> None:
+        __tracebackhide__ = True
+        self.workers.run(worker_commands.parse(line))
+
+    distributed_line.__doc__ = worker_commands.help_text()  # what %distributed? shows
+
     @magic_arguments.magic_arguments(name=MAGIC_NAME)
-    @magic_arguments.argument("-n", "--num-processes", type=_positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
-    @magic_arguments.argument("--gpus", type=_gpu_list, metavar="0,2,3", help="CUDA devices to use, one rank each (default: the first N)")
+    @magic_arguments.argument("-n", "--num-processes", type=positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
+    @magic_arguments.argument("--gpus", type=gpu_list, metavar="0,2,3", help="CUDA devices to use, one rank each (default: the first N)")
     @magic_arguments.argument("--cpu", action="store_true", help="run CPU ranks on gloo even where GPUs are visible")
     @magic_arguments.argument("--mixed-precision", choices=MIXED_PRECISIONS, help="exported to nbaccel's state and Accelerate (default: no)")
     @magic_arguments.argument("--start-method", choices=START_METHODS, help="fork the kernel, or spawn fresh interpreters (default: auto, fork when safe)")
-    @magic_arguments.argument("--timeout", type=_seconds, metavar="SECONDS", help="stop every rank after this many seconds")
-    @magic_arguments.argument("--max-restarts", type=_non_negative_int, metavar="K", help="relaunch every rank after a failure, up to K times (default: 0)")
-    @magic_arguments.argument("-o", "--out", type=_variable_name, metavar="NAME", help="store the list of every rank's value, by rank, in NAME")
+    @magic_arguments.argument("--timeout", type=seconds, metavar="SECONDS", help="stop the cell after this many seconds (running workers stay)")
+    @magic_arguments.argument("--max-restarts", type=non_negative_int, metavar="K", help="relaunch every rank after a failure, up to K times (default: 0)")
+    @magic_arguments.argument("--ranks", type=rank_list, metavar="0,2", help="with running workers: run the cell on these ranks only; its result is the lowest one's value")
+    @magic_arguments.argument("-o", "--out", type=variable_name, metavar="NAME", help="store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)")
     @magic_arguments.argument("--text", action="store_true", help="show output as text lines labelled [rank N]")
     @magic_arguments.argument("--widgets", action="store_true", help="show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)")
     @cell_magic(MAGIC_NAME)
     def distributed_cell(self, line: str, cell: str) -> Any:
-        """Run this cell on every rank, as the body of a function; show rank 0's value.
+        """Run this cell on every rank; show rank 0's value.
 
-        The cell sees the notebook's variables as they are at launch; the names it assigns stay
-        on the ranks (use -o, or the last expression, to bring values back). `state` is
-        predefined: nbaccel's PartialState (rank, world size, device, helpers), created on first
-        use. The value of the cell's last expression on rank 0 is the cell's result (a trailing
-        `;` hides it); every rank's value goes to -o NAME. Output is labelled by rank.
+        Without running workers the cell is a one-shot launch: it runs as the body of a function
+        on ranks started for it, sees the notebook's variables as they are at launch, and the
+        names it assigns end with it. After `%distributed start` it runs on the workers instead:
+        each rank runs it in its own namespace, which keeps the names it assigns for the next
+        cell (`%distributed?` for the workers' commands). Either way `state` is predefined:
+        nbaccel's PartialState (rank, world size, device, helpers), created on first use. The
+        value of the cell's last expression on rank 0 is the cell's result (a trailing `;` hides
+        it); -o NAME keeps every rank's value. Output is labelled by rank.
 
         Example::
 
@@ -142,8 +108,32 @@ class DistributedMagics(Magics):
         """
         __tracebackhide__ = True  # IPython: the user's error is in the cell, not in this adapter
         args = self._parse(line)
+        pool = self.workers.running()
+        if pool is not None:
+            return self._run_on_workers(pool, args, line, cell)
+        return self._launch_once(args, line, cell)
+
+    def _run_on_workers(self, pool: Any, args: argparse.Namespace, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
+        from .pool_cells import run_cell
+
+        check_for_workers(args, pool.num_processes)
+        output = output_mode(args)
+        compiled = self._compile(line, cell, compile_pool_cell)
+        self.workers.mode = "workers"
+        shown, values = run_cell(pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output)
+        if args.out is not None:
+            self.shell.user_ns[args.out] = values
+        return shown
+
+    def _launch_once(self, args: argparse.Namespace, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
+        check_one_shot(args)
         kwargs = launcher_arguments(args)
-        function = self._compile(line, cell)
+        function = self._compile(line, cell, lambda source, **options: compile_cell(source, self.shell.user_ns, **options))
+        note = self.workers.one_shot_note(kwargs.get("num_processes") or len(kwargs.get("gpus") or ()))
+        if note:
+            print(note, file=sys.stderr)
         values = self._launch(function, kwargs)
         if args.out is not None:
             self.shell.user_ns[args.out] = values
@@ -155,7 +145,8 @@ class DistributedMagics(Magics):
         except ValueError as error:  # shlex: "No closing quotation"
             raise UsageError(f"%%{MAGIC_NAME} {line.strip()}: {error}") from None
 
-    def _compile(self, line: str, cell: str) -> Any:
+    def _compile(self, line: str, cell: str, compiler: Callable[..., Any]) -> Any:
+        """``compiler(source, header=, cache=, flags=)`` of the transformed cell; syntax errors as CellSyntaxError."""
         __tracebackhide__ = True
         if not cell.strip():
             raise UsageError(
@@ -169,7 +160,7 @@ class DistributedMagics(Magics):
         header = f"%%{MAGIC_NAME} {line}".rstrip() + "\n" * blank
         try:
             source = self.shell.transform_cell(cell)  # !cmd, %magic ... become Python, as in any cell
-            return compile_cell(source, self.shell.user_ns, header=header, cache=self._cache, flags=self.shell.compile.flags)
+            return compiler(source, header=header, cache=self._cache, flags=self.shell.compile.flags)
         except SyntaxError as error:
             raise CellSyntaxError(error, self.shell) from None
 
@@ -219,7 +210,7 @@ class CellSyntaxError(NbaccelError):
 
 
 def register(ipython: Any) -> None:
-    """Add ``%%distributed`` to ``ipython`` (what ``%load_ext nbaccel`` calls)."""
+    """Add ``%%distributed`` and ``%distributed`` to ``ipython`` (what ``%load_ext nbaccel`` calls)."""
     ipython.register_magics(DistributedMagics)
 
 
@@ -229,6 +220,7 @@ def unregister(ipython: Any) -> None:
     instance = manager.registry.pop(DistributedMagics.__name__, None)
     if instance is None:
         return
+    instance.workers.close()  # nothing could reach them once the magics are gone
     # IPython has no public way to drop a magic: remove the table entries bound to our instance.
     for table in manager.magics.values():
         for name, function in list(table.items()):

@@ -34,9 +34,9 @@ def _traceback(run: Execution) -> str:
     return "\n".join(run.error["traceback"])
 
 
-def test_load_ext_registers_only_the_cell_magic(kernel: Kernel) -> None:
-    run = kernel.execute("ip = get_ipython(); print(ip.find_cell_magic('distributed') is not None, ip.find_line_magic('distributed'))")
-    assert run.stdout == "True None\n"
+def test_load_ext_registers_the_cell_magic_and_the_workers_line_magic(kernel: Kernel) -> None:
+    run = kernel.execute("ip = get_ipython(); print(ip.find_cell_magic('distributed') is not None, ip.find_line_magic('distributed').__name__)")
+    assert run.stdout == "True distributed_line\n"
 
 
 def test_the_cell_runs_on_every_rank_with_labelled_output_and_rank_0s_value_as_out(kernel: Kernel) -> None:

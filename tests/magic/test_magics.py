@@ -190,15 +190,15 @@ def test_help_lists_every_option(ip: InteractiveShell, capsys: pytest.CaptureFix
     assert "state" in text and "last expression" in text
 
 
-def test_only_the_cell_magic_is_registered(ip: InteractiveShell) -> None:
+def test_the_cell_magic_and_the_workers_line_magic_are_registered(ip: InteractiveShell) -> None:
     assert ip.find_cell_magic("distributed") is not None
-    assert ip.find_line_magic("distributed") is None
+    assert ip.find_line_magic("distributed").__name__ == "distributed_line"
 
 
 def test_unload_removes_the_magic_and_load_brings_it_back(ip: InteractiveShell) -> None:
     ip.run_line_magic("unload_ext", "nbaccel")
     try:
-        assert ip.find_cell_magic("distributed") is None
+        assert ip.find_cell_magic("distributed") is None and ip.find_line_magic("distributed") is None
         assert DistributedMagics.__name__ not in ip.magics_manager.registry
     finally:
         ip.run_line_magic("load_ext", "nbaccel")
