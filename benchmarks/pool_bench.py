@@ -1,0 +1,146 @@
+"""Persistent workers from a notebook's point of view: start time and per-cell round trips.
+
+Everything runs in one fresh ipykernel (NBACCEL_OUTPUT=text), driven through jupyter_client as a
+notebook frontend drives it. A round trip is measured on the client, from sending the
+execute_request to receiving its execute_reply. Measured, as medians over many runs:
+
+- ``%distributed start -n N`` (2 and 4 CPU ranks): the client's round trip and the pool's own
+  start time inside the kernel; the first start is reported apart (it imports the rank modules);
+- a trivial ``%%distributed`` cell (``pass``) and one all_reduce cell on 2- and 4-rank workers,
+  beside the same cells as one-shot launches (``%%distributed -n N``), and a plain local
+  ``pass`` cell in the same kernel, measured interleaved with them; ratios are to that local cell.
+
+Targets (issue 5): the trivial cell on 2 workers within 1.5x the local cell; start < 0.5 s for 4
+CPU ranks. ``--profile`` adds a cProfile of the kernel side of the trivial pool cell.
+
+    python benchmarks/pool_bench.py [--runs 200] [--one-shot-runs 15] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests.kernel_harness import Kernel, running_kernel  # noqa: E402
+
+SETUP = "%load_ext nbaccel\nimport torch, torch.distributed as dist"
+LOCAL = "pass"
+TRIVIAL = "%%distributed{opts}\npass"
+ALL_REDUCE = "%%distributed{opts}\nt = torch.ones(1, device=state.device)\ndist.all_reduce(t)"
+POOL_START = "import time as _t; _s = _t.perf_counter(); get_ipython().run_line_magic('distributed', 'start -n {n}'); _took = _t.perf_counter() - _s"
+PROFILE = """
+import cProfile, io, pstats
+_ip = get_ipython()
+_profile = cProfile.Profile()
+_profile.enable()
+for _ in range({runs}):
+    _ip.run_cell_magic("distributed", "", "pass")
+_profile.disable()
+_out = io.StringIO()
+pstats.Stats(_profile, stream=_out).sort_stats("cumulative").print_stats(30)
+print(_out.getvalue())
+"""
+
+
+def round_trip(kernel: Kernel, code: str) -> float:
+    """Seconds from sending ``code``'s execute_request to receiving its execute_reply."""
+    client = kernel.client
+    started = time.perf_counter()
+    msg_id = client.execute(code, store_history=True)
+    while True:
+        reply = client.get_shell_msg(timeout=120)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    took = time.perf_counter() - started
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"{code!r} failed in the kernel: {reply['content']}")
+    _drain(kernel, msg_id)  # outside the timing: the next request starts from a quiet channel
+    return took
+
+
+def _drain(kernel: Kernel, msg_id: str) -> None:
+    while True:
+        msg = kernel.client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return
+
+
+def interleaved(kernel: Kernel, cells: dict[str, str], runs: int) -> dict[str, float]:
+    """Median round trip of each cell, in ms, running them in turn ``runs`` times (after a warm-up)."""
+    samples: dict[str, list[float]] = {name: [] for name in cells}
+    for index in range(runs + 1):
+        for name, code in cells.items():
+            took = round_trip(kernel, code)
+            if index:
+                samples[name].append(took)
+    return {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+
+
+def start_times(kernel: Kernel, n: int, runs: int) -> tuple[float, float, float]:
+    """(first start, median client round trip, median in-kernel start time), ms, of N workers."""
+    first = round_trip(kernel, POOL_START.format(n=n)) * 1e3
+    round_trip(kernel, "%distributed stop")
+    trips, inside = [], []
+    for _ in range(runs):
+        trips.append(round_trip(kernel, POOL_START.format(n=n)))
+        inside.append(float(kernel.execute("print(_took)").stdout))
+        round_trip(kernel, "%distributed stop")
+    return first, statistics.median(trips) * 1e3, statistics.median(inside) * 1e3
+
+
+def measure(kernel: Kernel, runs: int, one_shot_runs: int) -> dict[str, object]:
+    figures: dict[str, object] = {}
+    for n in (2, 4):
+        figures[f"start {n}"] = start_times(kernel, n, max(5, runs // 20))
+        round_trip(kernel, f"%distributed start -n {n}")
+        figures[f"pool {n}"] = interleaved(kernel, {"local": LOCAL, "trivial": TRIVIAL.format(opts=""), "all_reduce": ALL_REDUCE.format(opts="")}, runs)
+        round_trip(kernel, "%distributed stop")
+        cells = {"local": LOCAL, "trivial": TRIVIAL.format(opts=f" -n {n}"), "all_reduce": ALL_REDUCE.format(opts=f" -n {n}")}
+        figures[f"one-shot {n}"] = interleaved(kernel, cells, one_shot_runs)
+    return figures
+
+
+def report(figures: dict[str, object], runs: int, one_shot_runs: int) -> None:
+    print(f"round trips from the client (execute_request -> execute_reply), medians; {runs} runs on workers, {one_shot_runs} one-shot")
+    print(f"{'cell':<34} | {'ms':>8} | {'x local pass':>12}")
+    for n in (2, 4):
+        for mode in ("pool", "one-shot"):
+            cells = figures[f"{mode} {n}"]
+            assert isinstance(cells, dict)
+            local = cells["local"]
+            print(f"{'local pass (same phase)':<34} | {local:8.2f} | {1.0:12.2f}")
+            for name in ("trivial", "all_reduce"):
+                label = f"{'workers' if mode == 'pool' else 'one-shot'} {n} ranks: {name}"
+                print(f"{label:<34} | {cells[name]:8.2f} | {cells[name] / local:12.2f}")
+    for n in (2, 4):
+        first, trip, inside = figures[f"start {n}"]  # type: ignore[misc]
+        print(f"%distributed start -n {n}: first {first:.0f} ms; then median {trip:.1f} ms round trip, {inside:.1f} ms inside the kernel")
+    trivial, local = figures["pool 2"]["trivial"], figures["pool 2"]["local"]  # type: ignore[index]
+    start4 = figures["start 4"][1]  # type: ignore[index]
+    print(f"target: trivial cell on 2 workers <= 1.5x local: {trivial / local:.2f}x -> {'met' if trivial <= 1.5 * local else 'MISSED'}")
+    print(f"target: start of 4 CPU workers < 500 ms (round trip): {start4:.0f} ms -> {'met' if start4 < 500 else 'MISSED'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200, help="round trips per cell on workers")
+    parser.add_argument("--one-shot-runs", type=int, default=15, help="round trips per one-shot cell")
+    parser.add_argument("--profile", action="store_true", help="also profile the kernel side of the trivial pool cell")
+    args = parser.parse_args()
+    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as kernel:
+        round_trip(kernel, SETUP)
+        figures = measure(kernel, args.runs, args.one_shot_runs)
+        if args.profile:
+            round_trip(kernel, "%distributed start -n 2")
+            print(kernel.execute(PROFILE.format(runs=args.runs), timeout=600).stdout)
+            round_trip(kernel, "%distributed stop")
+    report(figures, args.runs, args.one_shot_runs)
+
+
+if __name__ == "__main__":
+    main()
