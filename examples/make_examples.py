@@ -407,11 +407,142 @@ assert len(set(accuracies)) == 1 and accuracies[0] > 0.8
 ]
 
 
+PERSISTENT_WORKERS = [
+    md("""
+# Persistent workers: build a model in one cell, train it over several
+
+`%%distributed` cells normally start their ranks and end them with the cell. After
+`%distributed start`, they run on *persistent workers* instead: the same processes, the same
+process group and the same GPU memory from one cell to the next, and each rank keeps its own
+variables. So you can build a model in one cell, train it a few epochs at a time, look at it,
+change the learning rate, and train on, the way you work in any notebook.
+
+This notebook runs unchanged on GPUs (one rank per GPU) and on a CPU-only machine (two CPU ranks
+on gloo).
+"""),
+    code("%load_ext nbaccel"),
+    code("%distributed start"),
+    md("""
+## Data from the notebook
+
+The workers were forked with a copy of the notebook's variables. What you define afterwards, send
+with `%distributed push` (by value, to every rank).
+"""),
+    code("""
+import torch
+
+torch.manual_seed(0)
+X = torch.randn(2048, 16)
+true_w = torch.randn(16, 1)
+y = X @ true_w + 0.1 * torch.randn(2048, 1)
+"""),
+    code("%distributed push X y"),
+    md("""
+## Build the model once
+
+Everything this cell assigns (the model, its DDP wrapper, the optimizer, the data loader, the
+`train_one_epoch` function) stays on each rank for the next cells. The cell's result is rank 0's
+last expression: here the model, shown as its text.
+"""),
+    code("""
+%%distributed
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+device = state.device
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
+# DDP starts every replica from rank 0's weights and averages the gradients at each backward().
+ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+dataset = TensorDataset(X, y)
+sampler = DistributedSampler(dataset, num_replicas=state.num_processes, rank=state.process_index, seed=0)
+loader = DataLoader(dataset, batch_size=64, sampler=sampler)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+epoch = 0
+
+
+def train_one_epoch():
+    global epoch
+    sampler.set_epoch(epoch)
+    for xb, yb in loader:
+        loss = F.mse_loss(ddp(xb.to(device)), yb.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    epoch += 1
+    return loss.item()
+
+
+model
+"""),
+    md("""
+## Train over several cells
+
+Each cell trains one more epoch on the same model. `state.print` prints once (rank 0).
+"""),
+    code("""
+%%distributed
+loss = train_one_epoch()
+state.print(f"epoch {epoch}: loss {loss:.4f}")
+"""),
+    code("""
+%%distributed
+loss = train_one_epoch()
+state.print(f"epoch {epoch}: loss {loss:.4f}")
+"""),
+    md("""
+Change something between cells, as you would in a notebook: a smaller learning rate for the
+last epochs. `-o losses` keeps every rank's value (its loss on its last batch).
+"""),
+    code("""
+%%distributed -o losses
+for group in optimizer.param_groups:
+    group["lr"] = 0.01
+for _ in range(2):
+    loss = train_one_epoch()
+state.print(f"epoch {epoch}: loss {loss:.4f}")
+loss
+"""),
+    code("""
+print("last loss of each rank:", [round(value, 4) for value in losses])
+"""),
+    md("""
+## Look at the workers, bring the weights back
+
+`%distributed status` shows each rank's process, device, memory and last cell.
+`%distributed pull` brings a rank's variable into the notebook, with tensors on the CPU (a module
+comes back as its `state_dict`). DDP kept the replicas identical, so rank 0's weights are the
+trained model.
+"""),
+    code("%distributed status"),
+    code("%distributed pull model --rank 0 -o weights"),
+    code("""
+trained = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+trained.load_state_dict(weights)
+with torch.no_grad():
+    mse = torch.nn.functional.mse_loss(trained(X), y).item()
+print(f"mean squared error on all {len(X)} samples: {mse:.4f}")
+assert mse < torch.nn.functional.mse_loss(torch.zeros_like(y), y).item()
+"""),
+    md("""
+## Stop
+
+`%distributed stop` ends the workers (and frees their GPU memory); `%%distributed` cells are
+one-shot launches again. Shutting the kernel down or restarting it stops them too.
+"""),
+    code("%distributed stop"),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ddp_training.ipynb": DDP_TRAINING,
     "03_execution_process.ipynb": EXECUTION_PROCESS,
     "04_accelerate.ipynb": ACCELERATE,
+    "05_persistent_workers.ipynb": PERSISTENT_WORKERS,
 }
 
 
