@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import cloudpickle
@@ -31,6 +32,7 @@ class FakePool:
 
     def __init__(self, num_processes: int = 2, **options: Any) -> None:
         self.options = options
+        self.starter = SimpleNamespace(start_method=options.get("start_method", "fork"))
         self.num_processes = num_processes
         self.devices = ["cpu"] * num_processes
         self.alive = True
@@ -167,6 +169,11 @@ def test_start_passes_the_options_and_the_notebooks_namespace(ip: InteractiveShe
 def test_start_while_workers_run_says_to_stop_or_restart_first(ip: InteractiveShell, pool: FakePool) -> None:
     with pytest.raises(UsageError, match=r"2 workers are already running: %distributed stop first \(or %distributed restart"):
         ip.run_line_magic("distributed", "start")
+
+
+def test_spawned_workers_say_their_namespaces_start_empty(ip: InteractiveShell, started: list[FakePool], capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("distributed", "start --start-method spawn")
+    assert "spawned workers start with empty namespaces: %distributed push what the cells need" in capsys.readouterr().out
 
 
 def test_what_start_refuses_before_forking_is_a_usage_error(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
