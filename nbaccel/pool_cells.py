@@ -2,10 +2,10 @@
 
 Each rank runs the compiled cell in its own namespace (`nbaccel.cell.PoolCell`). Only the values
 the notebook asked for travel back: the lowest selected rank's value (the cell's result), or
-every selected rank's value with ``-o``. On the way, tensors move to CPU (the kernel must never
-initialise CUDA: its later forks would be unsafe), a module comes back as its text (what the
-notebook would show; ``%distributed pull`` brings its weights), and a shown value that cannot be
-pickled comes back as its text too, instead of failing a cell that did run.
+every selected rank's value with ``-o``. On the way, a module comes back as its text (what the
+notebook would show, without shipping its weights; ``%distributed pull`` brings them), a shown
+value that cannot be pickled comes back as its text too, instead of failing a cell that did run,
+and tensors on a GPU arrive on the CPU (``nbaccel.channel`` pickles every result that way).
 
 Example:
     >>> pool = nbaccel.start_workers(2)  # doctest: +SKIP
@@ -20,12 +20,13 @@ import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import channel
 from .cell import PoolCell
-from .pool import WorkerPool
-from .pool.tasks import to_cpu
+
+if TYPE_CHECKING:
+    from .pool import WorkerPool
 
 
 class RankRepr:
@@ -81,11 +82,11 @@ class CellTask:
 
 
 def portable(value: Any) -> Any:
-    """``value`` made safe to unpickle in the kernel: tensors on CPU, a module as its text."""
+    """``value``, or its text for a module: a model's weights do not travel to be displayed."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.nn.Module):
         return RankRepr(repr(value))
-    return to_cpu(value)
+    return value
 
 
 def run_cell(

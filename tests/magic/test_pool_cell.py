@@ -136,8 +136,8 @@ def test_a_shown_value_that_cannot_be_pickled_comes_back_as_its_text(monkeypatch
         pickle.dumps(CellTask(compile_pool_cell("lock"), (0,), exact=True)({"lock": threading.Lock()}))
 
 
-def test_values_are_made_portable_tensors_on_cpu_modules_as_their_text() -> None:
+def test_a_module_travels_as_its_text_other_values_as_they_are() -> None:
     model = torch.nn.Linear(2, 1)
-    assert repr(portable(model)) == repr(model)
-    value = portable({"w": torch.ones(2, requires_grad=True)})
-    assert value["w"].device.type == "cpu" and not value["w"].requires_grad
+    assert isinstance(portable(model), RankRepr) and repr(portable(model)) == repr(model)
+    value = {"w": torch.ones(2)}
+    assert portable(value) is value
