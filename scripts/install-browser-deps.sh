@@ -5,7 +5,7 @@
 #
 # - Debian's chromium (Playwright's own browser download is not reachable from CI machines):
 #   installed with apt-get only when /usr/bin/chromium is missing (needs root or sudo).
-# - jupyterlab and playwright (the Python driver only; no `playwright install`) into VENV.
+# - jupyterlab, notebook (7) and playwright (the Python driver only; no `playwright install`) into VENV.
 set -euo pipefail
 
 venv="${1:-.venv}"
@@ -30,9 +30,9 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ -f "$here/constraints.txt" ]]; then
     constraints=(-c "$here/constraints.txt")
 fi
-"$python" -m pip install -q "${constraints[@]}" jupyterlab playwright
+"$python" -m pip install -q "${constraints[@]}" jupyterlab notebook playwright
 "$python" - <<'PY'
-import jupyterlab, playwright
+import jupyterlab, notebook, playwright
 from importlib.metadata import version
-print(f"install-browser-deps: jupyterlab {version('jupyterlab')}, playwright {version('playwright')}, chromium at /usr/bin/chromium")
+print(f"install-browser-deps: jupyterlab {version('jupyterlab')}, notebook {version('notebook')}, playwright {version('playwright')}, chromium at /usr/bin/chromium")
 PY

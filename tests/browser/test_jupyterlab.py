@@ -1,12 +1,13 @@
-"""%%distributed in a real JupyterLab, in Debian's chromium driven headless by Playwright.
+"""%%distributed in a real JupyterLab 4 (and Notebook 7, when installed), in Debian's chromium
+driven headless by Playwright.
 
 Checks what a person sees: the rank tabs render with rank 0 first and selected, output shows
 while the cell still runs, a failing rank is marked in words, and the saved notebook keeps a
 static view of every rank. Screenshots go to ``$NBACCEL_SCREENSHOTS`` (default: the test's
 temporary folder).
 
-Needs: ``scripts/install-browser-deps.sh`` (chromium at /usr/bin/chromium, jupyterlab and
-playwright in the venv). Playwright's own browser download is not used.
+Needs: ``scripts/install-browser-deps.sh`` (chromium at /usr/bin/chromium; jupyterlab, notebook
+and playwright in the venv). Playwright's own browser download is not used.
 """
 
 from __future__ import annotations
@@ -37,33 +38,20 @@ for step in tqdm(range(30), desc="train"):
     if step % 5 == 0:
         print(f"tick {step} on rank {rank}", flush=True)
 if rank == 0:
-    open(MARKER, "w").write(str(os.getpid()))
+    open(MARKER, "w").close()
+    time.sleep(60)  # nbaccel stops it when rank 1 fails
 else:
-    wait_until_exited(MARKER)
+    while not os.path.exists(MARKER):  # fail once rank 0 is through its loop: no timing races
+        time.sleep(0.02)
     raise ValueError("rank 1 broke")
 """
-
-WAIT = '''def wait_until_exited(marker):
-    """Rank 1's side: fail only after rank 0 has returned and exited, so rank 0 ends as "done"."""
-    import os, time
-    while not os.path.exists(marker) or not open(marker).read():
-        time.sleep(0.01)
-    status = f"/proc/{open(marker).read()}/status"
-    while True:
-        try:
-            if "zombie" in open(status).read():
-                return
-        except FileNotFoundError:
-            return
-        time.sleep(0.01)
-'''
 
 
 def _notebook(root: Path) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
-        nbformat.v4.new_code_cell(f"%load_ext nbaccel\nMARKER = {str(root / 'rank0-done')!r}\n{WAIT}"),
+        nbformat.v4.new_code_cell(f"%load_ext nbaccel\nMARKER = {str(root / 'rank0-done')!r}"),
         nbformat.v4.new_code_cell(CELL),
     ]
     path = root / "ranks.ipynb"
@@ -93,22 +81,60 @@ def shots(tmp_path: Path) -> Path:
     return folder
 
 
-def test_rank_tabs_live_output_failure_marking_and_saved_static_view(lab: Lab, shots: Path) -> None:
+def _has_notebook7() -> bool:
+    try:
+        from importlib.metadata import version
+
+        return int(version("notebook").split(".")[0]) >= 7
+    except Exception:  # noqa: BLE001 - not installed
+        return False
+
+
+UIS = [
+    pytest.param("lab", "lab/tree", id="jupyterlab4"),
+    pytest.param("notebook", "notebooks", id="notebook7", marks=pytest.mark.skipif(not _has_notebook7(), reason="Notebook 7 is not installed (scripts/install-browser-deps.sh installs it)")),
+]
+
+
+@pytest.mark.parametrize(("ui", "prefix"), UIS)
+def test_rank_tabs_live_output_failure_marking_and_saved_static_view(lab: Lab, shots: Path, ui: str, prefix: str) -> None:
     path = _notebook(lab.root)
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 950})
             page.set_default_timeout(60_000)
-            page.goto(lab.url(f"lab/tree/{path.name}"))
-            page.wait_for_selector("text=Python 3 (ipykernel) | Idle")
+            (shots / ui).mkdir(parents=True, exist_ok=True)
+            page.goto(lab.url(f"{prefix}/{path.name}"))
+            _wait_for_kernel(page, lab, path.name)
             page.get_by_role("menuitem", name="Run").click()
             page.get_by_text("Run All Cells", exact=True).click()
-            _check_live_view(page, shots)
-            _check_end_view(page, shots)
-            _check_saved_notebook(page, path)
+            try:
+                _check_live_view(page, shots / ui)
+                _check_end_view(page, shots / ui)
+                _check_saved_notebook(page, path)
+            except Exception:
+                page.screenshot(path=str(shots / ui / "failure.png"), full_page=True)  # what a person would have seen
+                raise
         finally:
             browser.close()
+
+
+def _wait_for_kernel(page: sync_api.Page, lab: Lab, name: str) -> None:
+    """Until the notebook's kernel is up and idle (Run All before that asks which kernel to start)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sessions = lab.api("GET", "sessions") or []
+        states = [s["kernel"]["execution_state"] for s in sessions if s.get("path", "").endswith(name)]  # type: ignore[union-attr]
+        if states == ["idle"]:
+            break
+        time.sleep(0.2)
+    else:
+        raise TimeoutError(f"the kernel of {name} did not start within 60 s")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.get_by_text("Select Kernel").count():
+        dialog.get_by_role("button", name="Select").click()
 
 
 def _check_live_view(page: sync_api.Page, shots: Path) -> None:
@@ -137,8 +163,8 @@ def _check_end_view(page: sync_api.Page, shots: Path) -> None:
     static = page.locator(".nbaccel-launch-static")
     static.wait_for(state="visible")
     summaries = [s.strip() for s in static.locator("details > summary").all_inner_texts()]
-    assert summaries == ["rank 0 · done", "✗ rank 1 · failed (ValueError)"]
-    assert static.locator("details").nth(0).get_attribute("open") is not None
+    assert summaries == ["rank 0 · stopped", "✗ rank 1 · failed (ValueError)"]
+    assert static.locator("details").nth(0).get_attribute("open") is not None  # rank 0 is always open
     assert static.locator("details").nth(1).get_attribute("open") is not None  # an error is never folded away
     assert "rank 1 failed: ValueError: rank 1 broke" in static.inner_text()
     error = page.locator(".jp-Cell").nth(1).locator("[data-mime-type='application/vnd.jupyter.stderr']")
@@ -160,5 +186,5 @@ def _check_saved_notebook(page: sync_api.Page, path: Path) -> None:
     (view,) = [o for o in outputs if o.get("output_type") == "display_data"]
     assert "application/vnd.jupyter.widget-view+json" not in view["data"]
     plain = view["data"]["text/plain"]
-    assert plain.index("── rank 0 · done") < plain.index("── rank 1 · failed (ValueError)")
+    assert plain.index("── rank 0 · stopped") < plain.index("── rank 1 · failed (ValueError)")
     assert "tick 25 on rank 0" in plain
