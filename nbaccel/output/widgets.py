@@ -219,6 +219,17 @@ class WidgetSink:
                 self._last_clock = now
                 self.view.set_clock(f"running · {elapsed_words(now - self._started_at)}")
 
+    def tick_in(self) -> float | None:
+        """Seconds until ``tick()`` has something to do (a rank's held lines, the clock); None
+        once the launch has ended. For a caller that drives ``tick()`` from its own loop."""
+        with self._lock:
+            if self.view is None or self.finished:
+                return None
+            now = time.monotonic()
+            moments = [self._last_clock + 1.0]
+            moments += [self._last_push[r] + self.interval for r, p in enumerate(self.view.panels) if p.has_changes]
+            return max(0.0, min(moments) - now)
+
     def _push_due(self, now: float) -> None:
         assert self.view is not None
         for rank, panel in enumerate(self.view.panels):

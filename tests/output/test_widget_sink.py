@@ -201,3 +201,17 @@ def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(comms: 
     captured = capsys.readouterr()
     assert "the live widget view failed (RuntimeError: comm gone)" in captured.err
     assert captured.out.splitlines() == ["[rank 1] after the failure", "[rank 0] still text"]
+
+
+def test_tick_in_says_when_held_lines_are_due_for_a_caller_that_drives_the_ticks(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path, interval=0.5)
+    sink.launch_started(1, attempt=0)
+    assert 0.5 < sink.tick_in() <= 1.0  # nothing held: only the clock
+    sink.output(0, "stdout", ["pushed at once"])
+    sink.output(0, "stdout", ["held"])
+    assert 0.0 < sink.tick_in() <= 0.5
+    time.sleep(sink.tick_in())
+    sink.tick()
+    assert sink.view.panels[0].blocks[-1].widget.outputs[-1]["text"].endswith("held\n")
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    assert sink.tick_in() is None
