@@ -151,3 +151,20 @@ def test_a_table_is_displayed_as_html_with_its_text_for_text_views() -> None:
     sink = _launch(table_rank, (Table(),), num_processes=1)
     (shown,) = _of(sink, 0, "display")
     assert shown["data"] == {"text/html": "<table><tr><td>1</td></tr></table>", "text/plain": "   a\n0  1"}
+
+
+def open_figure_rank() -> None:
+    import matplotlib.pyplot as plt
+
+    from nbaccel.output import rank_hooks
+
+    plt.figure()
+    plt.plot([0, 1])
+    rank_hooks.finish()  # what the worker is asked to call before it sends the result
+
+
+def test_finish_shows_figures_left_open_as_a_cell_end_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    sink = _launch(open_figure_rank, num_processes=1)
+    (figure,) = _of(sink, 0, "display")
+    assert figure["data"]["image/png"].startswith("iVBOR")
