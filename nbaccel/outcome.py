@@ -92,6 +92,20 @@ class RankOutcome:
         return self.status in (Status.FAILED, Status.EXITED, Status.SIGNALED)
 
 
+def undecodable_result(rank: int, exc: Exception) -> RemoteError:
+    """The error for a value that arrived but cannot be unpickled in the kernel."""
+    import time
+
+    return RemoteError(
+        "UnpicklableResultError",
+        f"rank {rank}'s return value reached the kernel but cannot be unpickled there: {exc}. "
+        "Its class may exist only on the rank (defined after the fork, or in a module the kernel "
+        "cannot import); return plain data, or import that module in the notebook first.",
+        "",
+        time.time(),
+    )
+
+
 def _shorten(text: str, limit: int = 100) -> str:
     first = text.splitlines()[0] if text else ""
     return first if len(first) <= limit else first[: limit - 3] + "..."

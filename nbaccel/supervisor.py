@@ -17,7 +17,7 @@ import signal
 
 from . import channel
 from .errors import LaunchTimeoutError
-from .outcome import RankOutcome, RemoteError, Status
+from .outcome import RankOutcome, RemoteError, Status, undecodable_result
 from .output.relay import RankPipes
 from .output.sinks import Sink
 from .process import RankProcess
@@ -74,7 +74,13 @@ class Supervisor(RankWatch):
     def on_frame(self, rank: int, kind: channel.Kind, payload: bytes) -> None:
         outcome = self.outcomes[rank]
         if kind is channel.Kind.RESULT:
-            outcome.value = channel.loads(payload)
+            try:
+                outcome.value = channel.loads(payload)
+            except Exception as exc:  # noqa: BLE001 - any unpickling failure is that rank's
+                outcome.error = undecodable_result(rank, exc)
+                outcome.status = Status.FAILED
+                self._stop(Status.STOPPED)
+                return
             outcome.status = Status.SUCCEEDED
             if all(o.status is Status.SUCCEEDED for o in self.outcomes):
                 self._release()

@@ -47,6 +47,7 @@ class TextSink:
     def __init__(self, stdout: Any = None, stderr: Any = None) -> None:
         self._stdout = stdout
         self._stderr = stderr
+        self._written: set[str] = set()  # streams to flush at the end (a flush blocks in a kernel)
 
     def _stream(self, name: str) -> Any:
         # Resolved per call: inside a kernel sys.stdout is replaced per cell.
@@ -60,6 +61,7 @@ class TextSink:
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
         prefix = f"[rank {rank}] "
         self._stream(stream).write("".join(f"{prefix}{line}\n" for line in lines))
+        self._written.add(stream)
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
         text = event.get("text")
@@ -70,11 +72,12 @@ class TextSink:
         pass
 
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
-        for name in ("stdout", "stderr"):
+        for name in sorted(self._written):
             try:
                 self._stream(name).flush()
             except (OSError, ValueError):
                 pass
+        self._written.clear()
 
 
 class CollectingSink:

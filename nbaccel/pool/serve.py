@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import signal
 import sys
 from typing import Any
 
@@ -31,6 +32,8 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
     namespace = _namespace(seed)
     state = _join_process_group()
     restore = _defer_destroy_process_group()
+    interrupts = TaskInterrupts()
+    signal.signal(signal.SIGINT, interrupts.handle)
     channel.send(ends.channel, channel.Kind.READY, {"pid": os.getpid(), "device": str(state.device)})
     decoder = channel.FrameDecoder()
     try:
@@ -39,11 +42,34 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
             if frame is None or frame[0] is channel.Kind.STOP:
                 break
             task = channel.loads(frame[1])
-            call_and_report(lambda: task(namespace), ends.channel)
+            call_and_report(lambda: interrupts.run(task, namespace), ends.channel)
     finally:
         restore()
     # Every rank joined the group before READY, so leaving needs no exit barrier here.
     _destroy_default_group()
+
+
+class TaskInterrupts:
+    """SIGINT raises KeyboardInterrupt only while a task runs.
+
+    The kernel interrupts the ranks it believes busy; one that has just answered gets the
+    signal between tasks (while sending its answer, or after reading the next command), where
+    a KeyboardInterrupt would kill the worker or lose a command. There it is dropped.
+    """
+
+    def __init__(self) -> None:
+        self.busy = False
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.busy:
+            raise KeyboardInterrupt
+
+    def run(self, task: Any, namespace: dict[str, Any]) -> Any:
+        self.busy = True
+        try:
+            return task(namespace)
+        finally:
+            self.busy = False
 
 
 def _namespace(seed: dict[str, Any] | None) -> dict[str, Any]:
@@ -64,10 +90,7 @@ def _next_command(fd: int, decoder: channel.FrameDecoder) -> tuple[channel.Kind,
     """Block until one whole command frame arrives; None when the kernel closed the pipe."""
     pending: list[tuple[channel.Kind, bytes]] = []
     while not pending:
-        try:
-            chunk = os.read(fd, 1 << 20)
-        except KeyboardInterrupt:
-            continue  # a late interrupt meant for a task that has already ended
+        chunk = os.read(fd, 1 << 20)
         if not chunk:
             return None
         pending = decoder.feed(chunk)

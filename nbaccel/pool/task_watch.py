@@ -17,7 +17,7 @@ import signal
 import time
 
 from .. import channel
-from ..outcome import RankOutcome, RemoteError, Status
+from ..outcome import RankOutcome, RemoteError, Status, undecodable_result
 from ..output.relay import RankPipes
 from ..output.sinks import Sink
 from ..process import RankProcess
@@ -82,8 +82,12 @@ class TaskWatch(RankWatch):
             return
         outcome.last_lines = list(self.pipes[rank].last_lines)
         if kind is channel.Kind.RESULT:
-            outcome.value = channel.loads(payload)
-            outcome.status = Status.SUCCEEDED
+            try:
+                outcome.value = channel.loads(payload)
+                outcome.status = Status.SUCCEEDED
+            except Exception as exc:  # noqa: BLE001 - any unpickling failure is that rank's
+                outcome.error = undecodable_result(rank, exc)
+                outcome.status = Status.FAILED
         elif kind is channel.Kind.ERROR:
             outcome.error = RemoteError(**channel.loads(payload))
             if self.reason is not None and outcome.error.type_name == "KeyboardInterrupt":

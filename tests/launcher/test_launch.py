@@ -395,3 +395,20 @@ def test_modules_ddp_had_to_import_in_every_rank_are_imported_once_in_the_kernel
     run = subprocess.run([sys.executable, "-c", WARMING], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("warm")
+
+
+def value_of_a_class_only_the_rank_has() -> object:
+    namespace: dict = {}
+    exec("class OnlyHere:\n    pass\n", {"__name__": "module_only_on_the_rank"}, namespace)
+    import sys
+    import types
+
+    module = types.ModuleType("module_only_on_the_rank")
+    module.OnlyHere = namespace["OnlyHere"]
+    sys.modules["module_only_on_the_rank"] = module
+    return namespace["OnlyHere"]()
+
+
+def test_a_value_the_kernel_cannot_unpickle_is_that_ranks_failure() -> None:
+    with pytest.raises(nbaccel.RankFailedError, match=r"rank \d's return value reached the kernel but cannot be unpickled there"):
+        nbaccel.notebook_launcher(value_of_a_class_only_the_rank_has, num_processes=2)

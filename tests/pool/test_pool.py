@@ -217,3 +217,15 @@ def test_spawned_workers_work_too() -> None:
         assert spawned.run(all_reduce_rank) == [3.0, 3.0]
         offset = 5
         assert spawned.run(lambda: offset + int(os.environ["RANK"])) == [5, 6]
+
+
+def test_interrupts_that_arrive_between_tasks_never_break_the_workers(pool) -> None:
+    # Every rank fails at once, so the kernel interrupts peers that may have answered already:
+    # that late SIGINT must be dropped by an idle worker, whatever it was doing.
+    def everyone_fails() -> None:
+        raise RuntimeError(f"rank {os.environ['RANK']}")
+
+    for _ in range(100):
+        with pytest.raises(nbaccel.RankFailedError):
+            pool.run(everyone_fails)
+    assert pool.alive and pool.run(all_reduce_rank) == [3.0, 3.0]
