@@ -56,7 +56,28 @@ _EXPORTS = {
     "accumulate": "data",
 }
 
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_EXPORTS]
+__all__ = [  # spelled out (not built from _EXPORTS) so static tools see the public names
+    "AcceleratorState",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "GradientState",
+    "InitProcessGroupKwargs",
+    "LaunchTimeoutError",
+    "NbaccelError",
+    "PartialState",
+    "PoolStoppedError",
+    "PreflightError",
+    "RankFailedError",
+    "WorkerPool",
+    "__version__",
+    "accumulate",
+    "load_ipython_extension",
+    "notebook_launcher",
+    "prepare_data_loader",
+    "start_workers",
+    "unload_ipython_extension",
+]
+assert set(__all__) >= set(_EXPORTS), "every lazily exported name is public"
 
 
 def __getattr__(name: str) -> Any:
