@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable
 
 import ipywidgets as w
 
@@ -37,7 +37,7 @@ class LaunchView:
         num_processes: int,
         attempt: int = 0,
         log_dir: str | None = None,
-        log_files: Sequence[str | None] | None = None,
+        log_files: Callable[[int], str | None] | None = None,
         max_lines: int = 500,
         max_displays: int = 20,
     ) -> None:
@@ -45,23 +45,39 @@ class LaunchView:
         self.attempt = attempt
         self.log_dir = log_dir
         self.states = [WAITING] * num_processes
-        files = list(log_files) if log_files is not None else [None] * num_processes
-        self.panels = [
-            RankPanel(rank, max_lines=max_lines, max_displays=max_displays, log_file=files[rank])
-            for rank in range(num_processes)
-        ]
+        self._log_file = log_files or (lambda rank: None)
+        self._panel_options = {"max_lines": max_lines, "max_displays": max_displays}
+        self.panels = [self._new_panel(rank) for rank in range(num_processes)]
         self.title = w.HTML(self._title_html())
         self.chips = [w.HTML(chip_html(rank, WAITING)) for rank in range(num_processes)]
         self.clock = w.HTML(_clock_html("starting"), layout=w.Layout(margin="0 0 0 auto"))
         self.banner = w.HTML("", layout=w.Layout(display="none"))
         self.tabs = w.Tab(children=[p.widget for p in self.panels], titles=[tab_title(r, WAITING) for r in range(num_processes)], selected_index=0)
-        header = w.HBox([self.title, w.HBox(self.chips, layout=w.Layout(flex_flow="row wrap")), self.clock], layout=w.Layout(align_items="center", width="100%"))
+        self._chip_row = w.HBox(self.chips, layout=w.Layout(flex_flow="row wrap"))
+        header = w.HBox([self.title, self._chip_row, self.clock], layout=w.Layout(align_items="center", width="100%"))
         self._style = w.HTML(_STYLE)
         self.root = w.VBox([self._style, header, self.banner, self.tabs], layout=w.Layout(width="100%"), _dom_classes=("nbaccel-launch",))
         self._header = header
 
+    def panel(self, rank: int) -> RankPanel:
+        """Rank ``rank``'s panel; a rank beyond the launch's count gets one (and a tab, a chip)."""
+        if rank >= len(self.panels):
+            for new in range(len(self.panels), rank + 1):
+                self.panels.append(self._new_panel(new))
+                self.states.append(WAITING)
+                self.chips.append(w.HTML(chip_html(new, WAITING)))
+            self._chip_row.children = tuple(self.chips)
+            with self.tabs.hold_sync():
+                self.tabs.children = tuple(p.widget for p in self.panels)
+                self.tabs.titles = tuple(tab_title(r, s) for r, s in enumerate(self.states))
+        return self.panels[rank]
+
+    def _new_panel(self, rank: int) -> RankPanel:
+        return RankPanel(rank, log_file=self._log_file(rank), **self._panel_options)
+
     def set_state(self, rank: int, state: RankState) -> None:
         """Relabel rank ``rank``'s chip and tab (one message each, only if the words changed)."""
+        self.panel(rank)
         if self.states[rank] == state:
             return
         self.states[rank] = state

@@ -118,7 +118,7 @@ class WidgetSink:
         self._ticker: _Ticker | None = None
         self._lock = threading.RLock()
         self._started_at = 0.0
-        self._last_push: list[float] = []
+        self._last_push: dict[int, float] = {}
         self._last_clock = 0.0
         self._finished_ranks: set[int] = set()
         self._outcomes: dict[int, RankOutcome] = {}
@@ -132,14 +132,15 @@ class WidgetSink:
         self._finish()  # a previous attempt that ended without launch_finished
         with self._lock:
             self._open_logs(attempt)
-            files = [str(self.logs.file_for(r)) for r in range(num_processes)] if self.logs else None
+            logs = self.logs
             self.view = LaunchView(
-                num_processes, attempt, log_dir=str(self.logs.path) if self.logs else None,
-                log_files=files, max_lines=self.max_lines, max_displays=self.max_displays,
+                num_processes, attempt, log_dir=str(logs.path) if logs else None,
+                log_files=(lambda rank: str(logs.file_for(rank))) if logs else None,
+                max_lines=self.max_lines, max_displays=self.max_displays,
             )
             self.finished = False
             self._started_at = self._last_clock = time.monotonic()
-            self._last_push = [0.0] * num_processes
+            self._last_push = {}
             self._finished_ranks = set()
             self._outcomes = {}
             self.display_id = f"nbaccel-{uuid.uuid4().hex}"
@@ -157,7 +158,7 @@ class WidgetSink:
             if self.logs is not None:
                 self.logs.write(rank, lines)
             self._mark_running(rank)
-            self.view.panels[rank].add_lines(stream, lines)
+            self.view.panel(rank).add_lines(stream, lines)
             self._push_due(time.monotonic())
 
     @_text_if_broken
@@ -166,7 +167,7 @@ class WidgetSink:
             if self.view is None or self.finished:
                 return
             self._mark_running(rank)
-            panel = self.view.panels[rank]
+            panel = self.view.panel(rank)
             kind = event.get("type")
             if kind == events.DISPLAY:
                 panel.add_display(event)
@@ -194,11 +195,11 @@ class WidgetSink:
             self._finished_ranks.add(rank)
             self.view.set_state(rank, rank_state(outcome))
             if outcome.is_failure:
-                self.view.panels[rank].set_failure(outcome)
+                self.view.panel(rank).set_failure(outcome)
             if first_failure:
                 self.view.set_banner(f"{failure_headline(outcome)} (its traceback is at the top of the rank {rank} tab)")
             self._push(rank, time.monotonic())
-            all_done = len(self._finished_ranks) == self.view.num_processes
+            all_done = len(self._finished_ranks) >= self.view.num_processes
         if all_done:
             self._finish()
 
@@ -227,22 +228,23 @@ class WidgetSink:
                 return None
             now = time.monotonic()
             moments = [self._last_clock + 1.0]
-            moments += [self._last_push[r] + self.interval for r, p in enumerate(self.view.panels) if p.has_changes]
+            moments += [self._last_push.get(r, 0.0) + self.interval for r, p in enumerate(self.view.panels) if p.has_changes]
             return max(0.0, min(moments) - now)
 
     def _push_due(self, now: float) -> None:
         assert self.view is not None
         for rank, panel in enumerate(self.view.panels):
-            if panel.has_changes and now - self._last_push[rank] >= self.interval:
+            if panel.has_changes and now - self._last_push.get(rank, 0.0) >= self.interval:
                 self._push(rank, now)
 
     def _push(self, rank: int, now: float) -> None:
         assert self.view is not None
         self._last_push[rank] = now
-        self.view.panels[rank].sync()
+        self.view.panel(rank).sync()
 
     def _mark_running(self, rank: int) -> None:
         assert self.view is not None
+        self.view.panel(rank)
         if rank not in self._finished_ranks and self.view.states[rank] != RUNNING:
             self.view.set_state(rank, RUNNING)
 

@@ -215,3 +215,14 @@ def test_tick_in_says_when_held_lines_are_due_for_a_caller_that_drives_the_ticks
     assert sink.view.panels[0].blocks[-1].widget.outputs[-1]["text"].endswith("held\n")
     sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
     assert sink.tick_in() is None
+
+
+def test_a_rank_beyond_the_announced_count_gets_a_tab_instead_of_breaking_the_view(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(2, attempt=0)  # persistent workers running a cell on ranks 1 and 3 announce 2
+    sink.output(3, "stdout", ["from rank 3"])
+    sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
+    sink.rank_finished(RankOutcome(3, Status.SUCCEEDED, exitcode=0))
+    assert _titles(comms) == ["rank 0 · waiting", "rank 1 · done", "rank 2 · waiting", "rank 3 · done"]
+    assert "from rank 3" in publisher.final["text/plain"] and sink._fallback is None
+    assert sink.view.panels[3].log_file.endswith("rank3.log")
