@@ -96,7 +96,9 @@ def __dir__() -> list[str]:
 def load_ipython_extension(ipython: Any) -> None:
     """Called by ``%load_ext nbaccel``: registers the ``%%distributed`` magics."""
     from .magics import register
+    from .output.frontend import watch
 
+    watch(ipython)  # from now on, notice widget frontends that (re)connect
     register(ipython)
 
 

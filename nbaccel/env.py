@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 
 
+@functools.lru_cache(maxsize=1)
 def loopback_interface() -> str:
     """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
     try:

@@ -93,7 +93,6 @@ def _run(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any
     failed_attempts: list[list[RankOutcome]] = []
     for attempt in range(plan.max_restarts + 1):
         outcomes = launcher.run_attempt(job, plan, attempt, sink)
-        sink.launch_finished(outcomes)
         root = root_cause(outcomes)
         if root is None and all(o.status.value == "succeeded" for o in outcomes):
             return [o.value for o in outcomes]

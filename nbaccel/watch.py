@@ -37,6 +37,7 @@ class RankWatch:
         self.sink = sink
         self._signals: list[tuple[float, int, list[RankProcess]]] = []  # (when, signal, to whom)
         self._selector = selectors.DefaultSelector()
+        self._registered = False
 
     # -- policy: subclasses override ---------------------------------------------------------
 
@@ -63,8 +64,9 @@ class RankWatch:
 
     def loop(self) -> None:
         """Run until ``done()``. The selector is opened on first use and kept until ``close()``."""
-        if not self._selector.get_map():
+        if not self._registered:
             self._register()
+            self._registered = True
         while not self.done():
             events = self._selector.select(self._wait_time())
             for key, _ in sorted(events, key=lambda e: e[0].data[0]):
@@ -75,10 +77,18 @@ class RankWatch:
             while self._signals and self._signals[0][0] <= now:
                 _, sig, targets = self._signals.pop(0)
                 self.signal(sig, targets)
+            self._tick_sink()
             self.on_clock(now)
 
     def close(self) -> None:
         self._selector.close()
+
+    def add_reader(self, fd: int, handler: Callable[[], None]) -> None:
+        """Also wake up for ``fd`` (handled before any rank's events)."""
+        self._selector.register(fd, selectors.EVENT_READ, ((-1, 0), lambda _rank: handler()))
+
+    def remove_reader(self, fd: int) -> None:
+        self._selector.unregister(fd)
 
     def _register(self) -> None:
         for proc, pipes in zip(self.processes, self.pipes):
@@ -99,10 +109,24 @@ class RankWatch:
         deadline = self.next_deadline()
         if deadline is not None:
             moments.append(deadline)
+        sink_due = self._sink_tick_in()
+        if sink_due is not None:
+            moments.append(time.monotonic() + sink_due)
         wait = max(0.0, min(moments) - time.monotonic()) if moments else None
         if any(p.pidfd is None and p.returncode is None for p in self.processes):
             wait = _NO_PIDFD_POLL if wait is None else min(wait, _NO_PIDFD_POLL)
         return wait
+
+    # -- the sink's clock: a live view pushes held lines and its elapsed time without a thread --
+
+    def _sink_tick_in(self) -> float | None:
+        tick_in = getattr(self.sink, "tick_in", None)
+        return tick_in() if tick_in is not None else None
+
+    def _tick_sink(self) -> None:
+        due = self._sink_tick_in()
+        if due is not None and due <= 0:
+            self.sink.tick()  # type: ignore[attr-defined]
 
     # -- handlers --------------------------------------------------------------------------------
 

@@ -141,6 +141,7 @@ def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
     """
     try:
         value = call()
+        rank_hooks.finish()  # figures still open are shown, as at the end of a cell
     except SystemExit as exc:
         code = _exit_code(exc)
         if code != 0:

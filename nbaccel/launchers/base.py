@@ -42,6 +42,7 @@ class Launcher(ABC):
     def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
         """Start every rank, relay their output to ``sink``, and return their outcomes, by rank.
 
+        Calls ``sink.launch_started`` first and ``sink.launch_finished`` last, however it ends.
         Returns when every rank has ended and been reaped. Raises KeyboardInterrupt (after
         stopping every rank) if interrupted, and LaunchTimeoutError when ``plan.deadline`` passes.
         """

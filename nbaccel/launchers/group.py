@@ -20,6 +20,7 @@ from ..env import rank_environment
 from ..output.relay import RankPipes, close_child_ends, open_rank_pipes
 from ..process import RankProcess
 from ..rendezvous import LoopbackRendezvous
+from ..watch import RankWatch
 from ..worker import Job
 from .base import LaunchPlan, RankStarter
 
@@ -33,8 +34,12 @@ class RankGroup:
         self.pipes: list[RankPipes] = []
 
     @classmethod
-    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, with_commands: bool = False) -> RankGroup:
-        """Start ``plan.num_processes`` ranks running ``job``; on any failure nothing is left behind."""
+    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, with_commands: bool = False, store_now: bool = True) -> RankGroup:
+        """Start ``plan.num_processes`` ranks running ``job``; on any failure nothing is left behind.
+
+        With ``store_now=False`` the rendezvous store is left to the caller to start (see
+        ``start_store_on_first_connection``): most short functions never make a process group.
+        """
         group = cls(LoopbackRendezvous(plan.master_addr, plan.port))
         try:
             for rank in range(plan.num_processes):
@@ -52,7 +57,8 @@ class RankGroup:
                 group._start_rank(starter, job, rank, env, with_commands)
             # Started after the forks: the ranks are already starting up while the store comes up
             # (early connections wait in the socket's backlog).
-            group.rendezvous.start_store(plan.num_processes)
+            if store_now:
+                group.rendezvous.start_store(plan.num_processes)
         except BaseException:
             group.close()
             raise
@@ -71,6 +77,18 @@ class RankGroup:
         finally:
             close_child_ends(child_ends)
         self.processes.append(RankProcess(rank, pid))
+
+    def start_store_on_first_connection(self, watch: RankWatch) -> None:
+        """Start the store only when a rank first connects to it (it costs milliseconds)."""
+        fd = self.rendezvous.listen_fd
+        if fd is None:
+            return
+
+        def start() -> None:
+            watch.remove_reader(fd)  # before the store takes the socket over
+            self.rendezvous.start_store(len(self.processes))
+
+        watch.add_reader(fd, start)
 
     def kill(self) -> None:
         """SIGKILL every rank not yet reaped, and reap it."""

@@ -24,8 +24,11 @@ class LocalLauncher(Launcher):
 
     def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
         sink.launch_started(plan.num_processes, attempt)
-        group = RankGroup.start(self.starter, job, plan, attempt, with_commands=True)
+        group = RankGroup.start(self.starter, job, plan, attempt, with_commands=True, store_now=False)
+        supervisor = Supervisor(group.processes, group.pipes, sink, plan.deadline, plan.timeout)
         try:
-            return Supervisor(group.processes, group.pipes, sink, plan.deadline, plan.timeout).run()
+            group.start_store_on_first_connection(supervisor)
+            return supervisor.run()
         finally:
             group.close()
+            sink.launch_finished(supervisor.outcomes)  # also after an interrupt or a timeout

@@ -47,7 +47,7 @@ def make_sink(output: str | Sink | None) -> Sink:
 def _widget_sink() -> Sink:
     from .widgets import WidgetSink  # imports ipywidgets: only where widgets are wanted
 
-    return WidgetSink()
+    return WidgetSink(ticker=False)  # the kernel's event loop (nbaccel.watch) drives its ticks
 
 
 def _warn_no_kernel() -> None:
