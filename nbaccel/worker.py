@@ -28,6 +28,8 @@ from .output.capture import _libc, flush_all, redirect_stdio
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
 _EXIT_INTERRUPTED = 130
 _PR_SET_PDEATHSIG = 1
+# Resolved in the kernel, once: a lookup in every rank would cost it a dlsym and dirty pages.
+_prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
 
 
 @dataclass
@@ -83,9 +85,9 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
         os.setpgid(0, 0)
     except OSError:  # already a group or session leader (spawned with start_new_session)
         pass
-    if _libc is not None and sys.platform.startswith("linux"):
+    if _prctl is not None:
         # The kernel may die by SIGKILL (a restart, the OOM killer): take the rank down with it.
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:  # it died before prctl took effect
             os._exit(_EXIT_SETUP_FAILED)
     signal.signal(signal.SIGINT, signal.default_int_handler)

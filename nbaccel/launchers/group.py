@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -41,6 +42,9 @@ class RankGroup:
         ``start_store_on_first_connection``): most short functions never make a process group.
         """
         group = cls(LoopbackRendezvous(plan.master_addr, plan.port))
+        # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
+        # stays shared instead of being copied page by page into every rank (copy-on-write).
+        gc.freeze()
         try:
             for rank in range(plan.num_processes):
                 env = rank_environment(
@@ -62,6 +66,8 @@ class RankGroup:
         except BaseException:
             group.close()
             raise
+        finally:
+            gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
         return group
 
     def _start_rank(self, starter: RankStarter, job: Job, rank: int, env: dict[str, str], with_commands: bool) -> None:

@@ -46,14 +46,15 @@ def _text_stream(fd: int) -> TextIO:
 
 
 def _retarget_logging(old_streams: set[int]) -> None:
-    """Handlers created in the kernel still hold its streams; point them at the rank's."""
-    loggers = [logging.getLogger()] + [
-        logger for logger in logging.Logger.manager.loggerDict.values() if isinstance(logger, logging.Logger)
-    ]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old_streams:
-                handler.stream = sys.stderr
+    """Handlers created in the kernel still hold its streams; point them at the rank's.
+
+    Walks logging's own list of live handlers rather than every logger: touching each of the
+    kernel's hundreds of loggers would copy their memory pages into the rank (copy-on-write).
+    """
+    for ref in list(getattr(logging, "_handlerList", [])):
+        handler = ref()
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old_streams:
+            handler.stream = sys.stderr
 
 
 def flush_all() -> None:
