@@ -1,6 +1,8 @@
 """The widget of one launch: a header (a status chip per rank, the elapsed time) above one tab
-per rank, rank 0 first and selected.
+per rank taking part, the lowest first and selected.
 
+A launch runs every rank; a cell on persistent workers may run on some of them only
+(``ranks``): the view shows exactly those, each labelled with its true rank number.
 Only widgets live here; when to update them is ``WidgetSink``'s business.
 
 Example:
@@ -10,17 +12,22 @@ Example:
     ('rank 0 · waiting', 'rank 1 · running')
     >>> view.tabs.selected_index
     0
+    >>> LaunchView(num_processes=4, ranks=[3, 1]).tabs.titles
+    ('rank 1 · waiting', 'rank 3 · waiting')
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import ipywidgets as w
 
 from .rank_panel import RankPanel, close_tree
 from .status_text import RUNNING, WAITING, RankState  # noqa: F401 - RUNNING is used by the doctest
+
+V = TypeVar("V")
 
 # Plain CSS for the few things inline styles cannot do; scoped to the launch's class.
 _STYLE = """<style>
@@ -40,40 +47,63 @@ class LaunchView:
         log_files: Callable[[int], str | None] | None = None,
         max_lines: int = 500,
         max_displays: int = 20,
+        ranks: Sequence[int] | None = None,
     ) -> None:
         self.num_processes = num_processes
+        self.ranks = taking_part(num_processes, ranks)
         self.attempt = attempt
         self.log_dir = log_dir
-        self.states = [WAITING] * num_processes
         self._log_file = log_files or (lambda rank: None)
         self._panel_options = {"max_lines": max_lines, "max_displays": max_displays}
-        self.panels = [self._new_panel(rank) for rank in range(num_processes)]
+        # Keyed by true rank number, in rank order (a subset's tabs are not 0..n-1).
+        self.states: dict[int, RankState] = {rank: WAITING for rank in self.ranks}
+        self.panels: dict[int, RankPanel] = {rank: self._new_panel(rank) for rank in self.ranks}
+        self.chips: dict[int, w.HTML] = {rank: w.HTML(chip_html(rank, WAITING)) for rank in self.ranks}
         self.title = w.HTML(self._title_html())
-        self.chips = [w.HTML(chip_html(rank, WAITING)) for rank in range(num_processes)]
         self.clock = w.HTML(_clock_html("starting"), layout=w.Layout(margin="0 0 0 auto"))
         self.banner = w.HTML("", layout=w.Layout(display="none"))
-        self.tabs = w.Tab(children=[p.widget for p in self.panels], titles=[tab_title(r, WAITING) for r in range(num_processes)], selected_index=0)
-        self._chip_row = w.HBox(self.chips, layout=w.Layout(flex_flow="row wrap"))
+        self.tabs = w.Tab(children=self._tab_children(), titles=self._tab_titles(), selected_index=0 if self.ranks else None)
+        self._chip_row = w.HBox(tuple(self.chips.values()), layout=w.Layout(flex_flow="row wrap"))
         header = w.HBox([self.title, self._chip_row, self.clock], layout=w.Layout(align_items="center", width="100%"))
         self._style = w.HTML(_STYLE)
         self.root = w.VBox([self._style, header, self.banner, self.tabs], layout=w.Layout(width="100%"), _dom_classes=("nbaccel-launch",))
         self._header = header
 
     def panel(self, rank: int) -> RankPanel:
-        """Rank ``rank``'s panel; a rank beyond the launch's count gets one (and a tab, a chip)."""
-        if rank >= len(self.panels):
-            for new in range(len(self.panels), rank + 1):
-                self.panels.append(self._new_panel(new))
-                self.states.append(WAITING)
-                self.chips.append(w.HTML(chip_html(new, WAITING)))
-            self._chip_row.children = tuple(self.chips)
-            with self.tabs.hold_sync():
-                self.tabs.children = tuple(p.widget for p in self.panels)
-                self.tabs.titles = tuple(tab_title(r, s) for r, s in enumerate(self.states))
+        """Rank ``rank``'s panel; a rank the launch did not announce gets one (a tab, a chip)."""
+        panel = self.panels.get(rank)
+        return panel if panel is not None else self._add_rank(rank)
+
+    def _add_rank(self, rank: int) -> RankPanel:
+        """A tab and chip for an unannounced rank (an idle worker that printed), in rank order;
+        the tab the user is looking at stays selected."""
+        selected = self._selected_rank()
+        self.states[rank] = WAITING
+        self.panels[rank] = self._new_panel(rank)
+        self.chips[rank] = w.HTML(chip_html(rank, WAITING))
+        _sort_by_rank(self.states)
+        _sort_by_rank(self.panels)
+        _sort_by_rank(self.chips)
+        self._chip_row.children = tuple(self.chips.values())
+        with self.tabs.hold_sync():
+            self.tabs.children = self._tab_children()
+            self.tabs.titles = self._tab_titles()
+            self.tabs.selected_index = list(self.panels).index(rank if selected is None else selected)
         return self.panels[rank]
+
+    def _selected_rank(self) -> int | None:
+        index = self.tabs.selected_index
+        shown = list(self.panels)
+        return shown[index] if index is not None and 0 <= index < len(shown) else None
 
     def _new_panel(self, rank: int) -> RankPanel:
         return RankPanel(rank, log_file=self._log_file(rank), **self._panel_options)
+
+    def _tab_children(self) -> tuple[w.Widget, ...]:
+        return tuple(p.widget for p in self.panels.values())
+
+    def _tab_titles(self) -> tuple[str, ...]:
+        return tuple(tab_title(r, s) for r, s in self.states.items())
 
     def set_state(self, rank: int, state: RankState) -> None:
         """Relabel rank ``rank``'s chip and tab (one message each, only if the words changed)."""
@@ -82,7 +112,7 @@ class LaunchView:
             return
         self.states[rank] = state
         self.chips[rank].value = chip_html(rank, state)
-        self.tabs.titles = tuple(tab_title(r, s) for r, s in enumerate(self.states))
+        self.tabs.titles = self._tab_titles()
 
     def set_clock(self, text: str) -> None:
         value = _clock_html(text)
@@ -99,14 +129,44 @@ class LaunchView:
             self.banner.layout.display = None
 
     def close(self) -> None:
-        for panel in self.panels:
+        for panel in self.panels.values():
             panel.close()
         close_tree(self.root)
 
     def _title_html(self) -> str:
-        ranks = f"{self.num_processes} rank{'s' if self.num_processes != 1 else ''}"
+        ranks = ranks_words(self.ranks, self.num_processes)
         attempt = f" · attempt {self.attempt + 1}" if self.attempt else ""
         return f"<b>nbaccel</b>&nbsp;<span style='color:#5f6368'>{ranks}{attempt}</span>&nbsp;"
+
+
+def taking_part(num_processes: int, ranks: Sequence[int] | None) -> tuple[int, ...]:
+    """The ranks a launch runs, sorted: all of them unless ``ranks`` names some.
+
+    Example:
+        >>> taking_part(4, None), taking_part(4, [3, 1, 3])
+        ((0, 1, 2, 3), (1, 3))
+    """
+    return tuple(range(num_processes)) if ranks is None else tuple(sorted({int(r) for r in ranks}))
+
+
+def ranks_words(ranks: Sequence[int], num_processes: int) -> str:
+    """How the header names the ranks of a launch: a count, or which ones of how many.
+
+    Example:
+        >>> ranks_words((0, 1), 2), ranks_words((1, 3), 4), ranks_words((2,), 4)
+        ('2 ranks', 'ranks 1, 3 of 4', 'rank 2 of 4')
+    """
+    if tuple(ranks) == tuple(range(num_processes)):
+        return f"{num_processes} rank{'s' if num_processes != 1 else ''}"
+    listed = ", ".join(map(str, ranks))
+    return f"rank{'s' if len(ranks) != 1 else ''} {listed} of {num_processes}"
+
+
+def _sort_by_rank(table: dict[int, V]) -> None:
+    """Reorder ``table`` in place by rank (dicts keep insertion order; the tabs follow it)."""
+    ordered = sorted(table.items())
+    table.clear()
+    table.update(ordered)
 
 
 def tab_title(rank: int, state: RankState) -> str:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from . import events
@@ -33,7 +34,7 @@ class RichTextSink(TextSink):
         self.quiet_interval = quiet_interval
         self._bars: dict[tuple[int, int], tuple[float, int]] = {}  # (rank, bar) -> (printed at, milestone)
 
-    def launch_started(self, num_processes: int, attempt: int) -> None:
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._bars.clear()
 
     def event(self, rank: int, event: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..outcome import RankOutcome
@@ -21,8 +22,13 @@ from ..outcome import RankOutcome
 class Sink(Protocol):
     """The interface every output destination implements (text, widgets, log files)."""
 
-    def launch_started(self, num_processes: int, attempt: int) -> None:
-        """A (re)launch of ``num_processes`` ranks begins; ``attempt`` counts from 0."""
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        """A (re)launch of ``num_processes`` ranks begins; ``attempt`` counts from 0.
+
+        ``ranks`` lists the ranks taking part, when not all of them (default: every rank in
+        ``range(num_processes)``): a cell on persistent workers run with ``--ranks 1,3``
+        announces ``launch_started(4, 0, ranks=[1, 3])``, and only those ranks will finish.
+        """
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
         """Whole lines (no trailing newline) that ``rank`` wrote to ``stream`` ("stdout"/"stderr")."""
@@ -55,7 +61,7 @@ class TextSink:
             return self._stderr or sys.stderr
         return self._stdout or sys.stdout
 
-    def launch_started(self, num_processes: int, attempt: int) -> None:
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         pass
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
@@ -88,9 +94,11 @@ class CollectingSink:
         self.events: dict[int, list[dict[str, Any]]] = {}
         self.finished: list[RankOutcome] = []
         self.attempts = 0
+        self.ranks: list[int] = []  # the ranks the latest launch_started announced
 
-    def launch_started(self, num_processes: int, attempt: int) -> None:
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self.attempts += 1
+        self.ranks = list(range(num_processes) if ranks is None else ranks)
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
         self.lines.setdefault(rank, []).extend((stream, line) for line in lines)

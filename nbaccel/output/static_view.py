@@ -1,9 +1,10 @@
-"""The static view of a finished launch: HTML and plain text, every rank, rank 0 first.
+"""The static view of a finished launch: HTML and plain text, every rank shown, the lowest first.
 
 At the end of a launch the widget's display is replaced by this bundle, so the saved notebook
 holds what happened in a form every reader renders (JupyterLab reopened without a kernel,
-nbconvert, GitHub, nbclient), with no widget state needed. Rank 0 and every failed rank are open;
-the others are one click away (``<details>``), each with its status in words.
+nbconvert, GitHub, nbclient), with no widget state needed. The lowest rank (rank 0, unless a
+cell ran on some ranks only) and every failed rank are open; the others are one click away
+(``<details>``), each with its status in words.
 
 Example:
     >>> view = LaunchView(num_processes=2)
@@ -11,6 +12,12 @@ Example:
     >>> bundle = static_bundle(view, "done in 1.2 s")
     >>> print(bundle["text/plain"].splitlines()[0])
     nbaccel: 2 ranks, done in 1.2 s
+    >>> print(static_bundle(LaunchView(num_processes=4, ranks=[1, 3]), "done in 1 s")["text/plain"])
+    nbaccel: ranks 1, 3 of 4, done in 1 s
+    ── rank 1 · waiting ──
+    (no output)
+    ── rank 3 · waiting ──
+    (no output)
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import html
 import re
 from typing import Any
 
-from .launch_view import LaunchView, chip_html, tab_title  # noqa: F401 - LaunchView: doctest
+from .launch_view import LaunchView, chip_html, ranks_words, tab_title
 from .rank_panel import RankPanel, failure_outputs
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -32,29 +39,31 @@ def static_bundle(view: LaunchView, summary: str) -> dict[str, str]:
 
 
 def render_text(view: LaunchView, summary: str) -> str:
-    ranks = f"{view.num_processes} rank{'s' if view.num_processes != 1 else ''}"
+    ranks = ranks_words(view.ranks, view.num_processes)
     attempt = f" (attempt {view.attempt + 1})" if view.attempt else ""
     lines = [f"nbaccel: {ranks}{attempt}, {summary}"]
     if view.log_dir:
         lines.append(f"full logs: {view.log_dir}")
-    for panel, state in zip(view.panels, view.states):
-        lines.append(f"── {tab_title(panel.rank, state)} ──")
+    for rank, panel in view.panels.items():
+        lines.append(f"── {tab_title(rank, view.states[rank])} ──")
         lines.extend(_panel_text(panel))
     return "\n".join(lines)
 
 
 def render_html(view: LaunchView, summary: str) -> str:
-    ranks = f"{view.num_processes} rank{'s' if view.num_processes != 1 else ''}"
+    ranks = ranks_words(view.ranks, view.num_processes)
+    first = view.ranks[0] if view.ranks else None  # open, as the live view's first tab was selected
     attempt = f" · attempt {view.attempt + 1}" if view.attempt else ""
     logs = f"<div style='color:#5f6368;font-size:11px'>full logs: <code>{html.escape(view.log_dir)}</code></div>" if view.log_dir else ""
     parts = [
         "<div class='nbaccel-launch-static'>",
         f"<div><b>nbaccel</b> <span style='color:#5f6368'>{ranks}{attempt} · {html.escape(summary)}</span></div>{logs}",
-        "<div>" + "".join(chip_html(p.rank, s) for p, s in zip(view.panels, view.states)) + "</div>",
+        "<div>" + "".join(chip_html(rank, state) for rank, state in view.states.items()) + "</div>",
     ]
-    for panel, state in zip(view.panels, view.states):
-        is_open = " open" if panel.rank == 0 or state.is_failure else ""
-        title = html.escape(tab_title(panel.rank, state))
+    for rank, panel in view.panels.items():
+        state = view.states[rank]
+        is_open = " open" if rank == first or state.is_failure else ""
+        title = html.escape(tab_title(rank, state))
         marker = "✗ " if state.is_failure else ""
         parts.append(f"<details{is_open}><summary><b>{marker}{title}</b></summary>")
         parts.extend(_panel_html(panel))

@@ -1,4 +1,4 @@
-"""WidgetSink: the live view of a launch in a notebook, one tab per rank, rank 0 first.
+"""WidgetSink: the live view of a launch in a notebook, one tab per rank taking part, the lowest first.
 
 Every sink call only changes Python state (cheap); a rank's widgets are pushed at most every
 ``interval`` seconds (20 updates/s by default), every line kept and in order. Pushes happen in
@@ -7,11 +7,13 @@ also drives the elapsed-time clock: the supervisor's loop sleeps until a pipe ha
 without the ticker the last lines before a quiet spell would wait for the next one. A caller
 with a loop of its own may drive ``tick()`` instead (``ticker=False``).
 
-At the end (``launch_finished``, or when the last rank has finished, which also covers timeouts
-and interrupts) the widget's display is replaced by a static HTML + text view of every rank
+At the end (``launch_finished``, or the first tick after the last rank taking part has finished,
+which also covers timeouts and interrupts) the widget's display is replaced by a static HTML + text view of every rank
 (see ``static_view``) and the widgets are closed: the saved notebook shows what happened
 without widget state, and a kernel that launches hundreds of times keeps no widgets around.
-The full output of every rank is in a per-launch log folder (see ``logdir``).
+The full output of every rank is in a per-launch log folder (see ``logdir``). The end waits for
+that tick because a persistent worker's answer comes on its channel, which the kernel reads
+before the stdout pipe: the lines it printed just before answering are read right after.
 
 Example::
 
@@ -25,13 +27,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..outcome import RankOutcome, Status
 from . import events
-from .launch_view import LaunchView
+from .launch_view import LaunchView, ranks_words
 from .logdir import DEFAULT_KEEP, LaunchLogs
 from .rich_text import RichTextSink
 from .static_view import static_bundle
@@ -121,6 +123,7 @@ class WidgetSink:
         self._last_push: dict[int, float] = {}
         self._last_clock = 0.0
         self._finished_ranks: set[int] = set()
+        self._all_finished = False  # every rank taking part has ended: the next tick ends the view
         self._outcomes: dict[int, RankOutcome] = {}
         self._cell_hook: Any = None
         self._fallback: RichTextSink | None = None
@@ -128,7 +131,7 @@ class WidgetSink:
     # -- the Sink protocol -------------------------------------------------------------------
 
     @_text_if_broken
-    def launch_started(self, num_processes: int, attempt: int) -> None:
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._finish()  # a previous attempt that ended without launch_finished
         with self._lock:
             self._open_logs(attempt)
@@ -136,12 +139,13 @@ class WidgetSink:
             self.view = LaunchView(
                 num_processes, attempt, log_dir=str(logs.path) if logs else None,
                 log_files=(lambda rank: str(logs.file_for(rank))) if logs else None,
-                max_lines=self.max_lines, max_displays=self.max_displays,
+                max_lines=self.max_lines, max_displays=self.max_displays, ranks=ranks,
             )
             self.finished = False
             self._started_at = self._last_clock = time.monotonic()
             self._last_push = {}
             self._finished_ranks = set()
+            self._all_finished = False
             self._outcomes = {}
             self.display_id = f"nbaccel-{uuid.uuid4().hex}"
             self.publisher.show(self._live_bundle(), self.display_id)
@@ -199,9 +203,7 @@ class WidgetSink:
             if first_failure:
                 self.view.set_banner(f"{failure_headline(outcome)} (its traceback is at the top of the rank {rank} tab)")
             self._push(rank, time.monotonic())
-            all_done = len(self._finished_ranks) >= self.view.num_processes
-        if all_done:
-            self._finish()
+            self._all_finished = self._finished_ranks.issuperset(self.view.ranks)
 
     @_text_if_broken
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
@@ -210,15 +212,24 @@ class WidgetSink:
     # -- pushing -----------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Push every rank that is due, and the clock; what the ticker thread calls."""
+        """Push every rank that is due, and the clock, or end the view once every rank taking part
+        has finished; what the ticker thread (or the kernel's event loop) calls.
+
+        Example:
+            >>> sink.rank_finished(RankOutcome(0, Status.SUCCEEDED))  # doctest: +SKIP
+            >>> sink.tick()  # the static view replaces the widgets  # doctest: +SKIP
+        """
         with self._lock:
             if self.view is None or self.finished:
                 return
-            now = time.monotonic()
-            self._push_due(now)
-            if now - self._last_clock >= 1.0:
-                self._last_clock = now
-                self.view.set_clock(f"running · {elapsed_words(now - self._started_at)}")
+            if not self._all_finished:
+                now = time.monotonic()
+                self._push_due(now)
+                if now - self._last_clock >= 1.0:
+                    self._last_clock = now
+                    self.view.set_clock(f"running · {elapsed_words(now - self._started_at)}")
+                return
+        self._finish()  # outside the lock: it stops the ticker, which may be waiting for the lock
 
     def tick_in(self) -> float | None:
         """Seconds until ``tick()`` has something to do (a rank's held lines, the clock); None
@@ -226,14 +237,16 @@ class WidgetSink:
         with self._lock:
             if self.view is None or self.finished:
                 return None
+            if self._all_finished:
+                return 0.0
             now = time.monotonic()
             moments = [self._last_clock + 1.0]
-            moments += [self._last_push.get(r, 0.0) + self.interval for r, p in enumerate(self.view.panels) if p.has_changes]
+            moments += [self._last_push.get(r, 0.0) + self.interval for r, p in self.view.panels.items() if p.has_changes]
             return max(0.0, min(moments) - now)
 
     def _push_due(self, now: float) -> None:
         assert self.view is not None
-        for rank, panel in enumerate(self.view.panels):
+        for rank, panel in list(self.view.panels.items()):
             if panel.has_changes and now - self._last_push.get(rank, 0.0) >= self.interval:
                 self._push(rank, now)
 
@@ -264,7 +277,7 @@ class WidgetSink:
                 if outcome.rank not in self._finished_ranks and outcome.status is not Status.RUNNING:
                     self._outcomes[outcome.rank] = outcome
                     view.set_state(outcome.rank, rank_state(outcome))
-            for rank, panel in enumerate(view.panels):
+            for panel in view.panels.values():
                 panel.sync()
             summary = self._summary(time.monotonic() - self._started_at)
             view.set_clock(summary)
@@ -301,11 +314,12 @@ class WidgetSink:
 
     def _summary(self, elapsed: float) -> str:
         assert self.view is not None
-        states = self.view.states
+        states = list(self.view.states.values())
         failed = [s for s in states if s.is_failure]
         if failed:
             return f"failed after {elapsed_words(elapsed)}"
-        if all(s.kind == "done" for s in states):
+        # Done means every rank taking part is; an idle worker that printed has no task to end.
+        if all(self.view.states[r].kind == "done" for r in self.view.ranks):
             return f"done in {elapsed_words(elapsed)}"
         if any(s.short == "interrupted" for s in states):
             return f"interrupted after {elapsed_words(elapsed)}"
@@ -315,10 +329,10 @@ class WidgetSink:
 
     def _live_bundle(self) -> dict[str, Any]:
         assert self.view is not None
-        n = self.view.num_processes
+        ranks = ranks_words(self.view.ranks, self.view.num_processes)
         return {
             WIDGET_VIEW_MIME: {"model_id": self.view.root.model_id, "version_major": 2, "version_minor": 0},
-            "text/plain": f"nbaccel: {n} rank{'s' if n != 1 else ''} running (a live view needs a frontend with ipywidgets; the result replaces this line)",
+            "text/plain": f"nbaccel: {ranks} running (a live view needs a frontend with ipywidgets; the result replaces this line)",
         }
 
     def _open_logs(self, attempt: int) -> None:

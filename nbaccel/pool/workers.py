@@ -22,6 +22,7 @@ from ..errors import LaunchTimeoutError, NbaccelError, RankFailedError
 from ..launchers.base import LaunchPlan, RankStarter
 from ..launchers.group import RankGroup
 from ..outcome import RankOutcome, Status, root_cause
+from ..output import events
 from ..output.select import make_sink
 from ..output.sinks import Sink
 from ..portable import Sourced
@@ -163,7 +164,9 @@ class WorkerPool:
         payload = _pickle_by_value(task)
         self._check_alive(group)
         sink = make_sink(output)
-        sink.launch_started(len(chosen), 0)
+        sink.launch_started(self.num_processes, 0, ranks=chosen)
+        for rank in chosen:  # the workers are up already: their chips say running at once
+            sink.event(rank, events.started_event(group.processes[rank].pid))
         if remember:
             self._last_task = label
         watch = TaskWatch(group.processes, group.pipes, sink, chosen, None if timeout is None else time.monotonic() + timeout)

@@ -73,6 +73,17 @@ def test_ranks_runs_a_cell_on_some_ranks(workers: Kernel) -> None:
     assert ok(workers, "print(seen)").stdout == "[False, True]\n"
 
 
+def test_ranks_with_widgets_shows_only_those_ranks_running_from_the_start(workers: Kernel) -> None:
+    run = ok(workers, "%%distributed --ranks 1 --widgets\nprint('only on rank 1')")
+    (tab,) = [m["content"] for m in run.of_type("comm_open") if m["content"]["data"]["state"].get("_model_name") == "TabModel"]
+    assert list(tab["data"]["state"]["titles"]) == ["rank 1 · waiting"] and tab["data"]["state"]["selected_index"] == 0
+    titles = [m["content"]["data"]["state"]["titles"] for m in run.of_type("comm_msg") if m["content"]["comm_id"] == tab["comm_id"] and "titles" in m["content"]["data"].get("state", {})]
+    assert titles[0] == ["rank 1 · running"] and titles[-1] == ["rank 1 · done"]  # running before any output: the worker is up
+    (final,) = run.of_type("update_display_data")
+    plain = final["content"]["data"]["text/plain"]
+    assert plain.splitlines()[0].startswith("nbaccel: rank 1 of 2, done in") and "only on rank 1" in plain and "rank 0" not in plain
+
+
 def test_push_and_pull_between_the_notebook_and_the_ranks(workers: Kernel) -> None:
     ok(workers, "scale = 3\nbase = torch.arange(3.0)")
     ok(workers, "%distributed push scale base")

@@ -1,4 +1,4 @@
-"""WidgetSink without a kernel: chips and tab titles, rank 0 first, coalescing, static end view, logs."""
+"""WidgetSink without a kernel: chips and tab titles (the ranks taking part, lowest first), coalescing, static end view, logs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from nbaccel.outcome import RankOutcome, RemoteError, Status
+from nbaccel.output.rich_text import RichTextSink
+from nbaccel.output.sinks import CollectingSink, Sink, TextSink
 from nbaccel.output.widgets import WIDGET_VIEW_MIME, WidgetSink
 from tests.output.conftest import CommLog, FakePublisher
 
@@ -43,7 +45,7 @@ def test_the_launch_shows_one_widget_with_rank_0_first_and_selected(comms: CommL
     assert tab.data["state"]["selected_index"] == 0
     assert list(tab.data["state"]["titles"]) == ["rank 0 · waiting", "rank 1 · waiting", "rank 2 · waiting", "rank 3 · waiting"]
     children = list(tab.data["state"]["children"])
-    assert children == [f"IPY_MODEL_{p.widget.model_id}" for p in sink.view.panels]
+    assert children == [f"IPY_MODEL_{p.widget.model_id}" for p in sink.view.panels.values()]
     sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(4)])
 
 
@@ -72,7 +74,9 @@ def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publis
     if outcome.is_failure:
         assert sink.view.banner.value and f"rank 1 {chip.split('· ', 1)[1]}" in sink.view.banner.value.replace("&#x27;", "'") or "ValueError: boom" in sink.view.banner.value
     sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
-    assert publisher.final  # the last rank ending finishes the view, launch_finished or not
+    assert sink.tick_in() == 0.0
+    sink.tick()
+    assert publisher.final  # the last rank ending finishes the view at the next tick, launch_finished or not
 
 
 def test_output_is_coalesced_to_one_push_per_interval_and_no_line_is_lost(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
@@ -217,12 +221,55 @@ def test_tick_in_says_when_held_lines_are_due_for_a_caller_that_drives_the_ticks
     assert sink.tick_in() is None
 
 
-def test_a_rank_beyond_the_announced_count_gets_a_tab_instead_of_breaking_the_view(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+def test_a_cell_on_some_ranks_shows_exactly_those_labelled_with_their_true_numbers(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
     sink = _sink(publisher, tmp_path)
-    sink.launch_started(2, attempt=0)  # persistent workers running a cell on ranks 1 and 3 announce 2
+    sink.launch_started(4, attempt=0, ranks=[3, 1])  # persistent workers: %%distributed --ranks 1,3
+    tab = _tab(comms)
+    assert _titles(comms) == ["rank 1 · waiting", "rank 3 · waiting"] and tab.data["state"]["selected_index"] == 0
+    assert [c.value.split("· ")[0][-7:] for c in sink.view.chips.values()] == ["rank 1 ", "rank 3 "]
+    assert "ranks 1, 3 of 4" in sink.view.title.value and "ranks 1, 3 of 4 running" in publisher.calls[0][1]["text/plain"]
+    sink.event(3, {"type": "started", "pid": 13})
     sink.output(3, "stdout", ["from rank 3"])
+    sink.rank_finished(RankOutcome(3, Status.SUCCEEDED, exitcode=0))
+    assert _titles(comms) == ["rank 1 · waiting", "rank 3 · done"] and not sink.finished
+    sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
+    sink.tick()
+    plain, page = publisher.final["text/plain"], publisher.final["text/html"]  # both ranks ended: the view did
+    assert plain.splitlines()[0].startswith("nbaccel: ranks 1, 3 of 4, done in")
+    assert plain.index("── rank 1 · done") < plain.index("── rank 3 · done") and "rank 0" not in plain and "rank 2" not in plain
+    assert "<details open><summary><b>rank 1 · done" in page and "<details><summary><b>rank 3 · done" in page
+    assert sink.view.panels[3].log_file.endswith("rank3.log") and sink._fallback is None
+
+
+def test_a_rank_that_was_not_announced_gets_a_tab_in_rank_order_and_the_selection_stays(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(4, attempt=0, ranks=[1, 3])
+    sink.view.tabs.selected_index = 1  # the user looks at rank 3
+    sink.output(0, "stdout", ["an idle worker's thread printed"])
+    assert _titles(comms) == ["rank 0 · running", "rank 1 · waiting", "rank 3 · waiting"]
+    assert sink.view.tabs.selected_index == 2  # still rank 3
     sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
     sink.rank_finished(RankOutcome(3, Status.SUCCEEDED, exitcode=0))
-    assert _titles(comms) == ["rank 0 · waiting", "rank 1 · done", "rank 2 · waiting", "rank 3 · done"]
-    assert "from rank 3" in publisher.final["text/plain"] and sink._fallback is None
-    assert sink.view.panels[3].log_file.endswith("rank3.log")
+    sink.tick()
+    plain = publisher.final["text/plain"]  # the ranks taking part ended, so the launch did
+    assert "done in" in plain.splitlines()[0] and "an idle worker's thread printed" in plain
+
+
+def test_lines_read_after_the_last_answer_are_in_the_static_view(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(2, attempt=0, ranks=[1])
+    sink.rank_finished(RankOutcome(1, Status.SUCCEEDED))  # a worker's answer comes on its channel, read first ...
+    sink.output(1, "stdout", ["printed just before answering"])  # ... then its stdout, in the same wake-up
+    sink.tick()
+    assert "printed just before answering" in publisher.final["text/plain"]
+
+
+def test_the_text_sinks_accept_the_ranks_taking_part() -> None:
+    collecting = CollectingSink()
+    collecting.launch_started(4, 0, ranks=[1, 3])
+    assert collecting.ranks == [1, 3]
+    collecting.launch_started(2, 1)
+    assert collecting.ranks == [0, 1] and collecting.attempts == 2
+    for sink in (TextSink(), RichTextSink()):
+        sink.launch_started(4, 0, ranks=[2])
+        assert isinstance(sink, Sink)
