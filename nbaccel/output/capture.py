@@ -54,7 +54,10 @@ def _retarget_logging(old_streams: set[int]) -> None:
     for ref in list(getattr(logging, "_handlerList", [])):
         handler = ref()
         if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old_streams:
-            handler.stream = sys.stderr
+            try:
+                handler.stream = sys.stderr
+            except AttributeError:  # logging's last-resort handler reads sys.stderr by itself
+                pass
 
 
 def flush_all() -> None:

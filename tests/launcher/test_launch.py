@@ -412,3 +412,24 @@ def value_of_a_class_only_the_rank_has() -> object:
 def test_a_value_the_kernel_cannot_unpickle_is_that_ranks_failure() -> None:
     with pytest.raises(nbaccel.RankFailedError, match=r"rank \d's return value reached the kernel but cannot be unpickled there"):
         nbaccel.notebook_launcher(value_of_a_class_only_the_rank_has, num_processes=2)
+
+
+def log_through_a_kernel_handler() -> str:
+    import logging
+
+    logging.getLogger("nbaccel.test.kernel").warning("logged on rank %s", os.environ["RANK"])
+    return "ok"
+
+
+def test_logging_handlers_made_in_the_kernel_write_to_the_rank(capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    logger = logging.getLogger("nbaccel.test.kernel")
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    try:
+        sink = CollectingSink()
+        assert nbaccel.notebook_launcher(log_through_a_kernel_handler, num_processes=2, output=sink) == ["ok", "ok"]
+    finally:
+        logger.removeHandler(handler)
+    assert sink.text(1, "stderr") == ["logged on rank 1"]
