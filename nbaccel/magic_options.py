@@ -33,22 +33,20 @@ ONE_SHOT_OPTIONS = {
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+    return _whole_number_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
+    return _whole_number_at_least(text, 0)
+
+
+def _whole_number_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
     return value
 
 
