@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import selectors
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from . import channel, warm
 from .output.relay import RankPipes
@@ -173,7 +173,7 @@ class RankWatch:
             if proc.returncode is None:
                 proc.send(sig)
 
-    def escalate(self, plan: list[tuple[float, int]], targets: list[RankProcess] | None = None) -> None:
+    def escalate(self, plan: Sequence[tuple[float, int]], targets: list[RankProcess] | None = None) -> None:
         """Send each (delay, signal) of ``plan`` in turn, replacing any escalation under way."""
         start = time.monotonic()
         chosen = list(self.processes if targets is None else targets)

@@ -116,7 +116,7 @@ def _forget_kernel_state() -> None:
             pass
     torch_cuda = sys.modules.get("torch.cuda")
     if torch_cuda is not None and hasattr(torch_cuda, "_cached_device_count"):
-        torch_cuda._cached_device_count = None  # CUDA_VISIBLE_DEVICES may differ in the rank
+        torch_cuda._cached_device_count = None  # type: ignore[attr-defined]  # CUDA_VISIBLE_DEVICES may differ
 
 
 def _pin_device(env: dict[str, str]) -> None:
