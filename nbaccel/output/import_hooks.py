@@ -43,8 +43,10 @@ def _run(hook: Hook, module: ModuleType) -> None:
 
 
 def _ensure_finder() -> None:
-    if not any(isinstance(finder, _PostImportFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportFinder())
+    # One finder, made at import (in the kernel, before the ranks fork), found by identity:
+    # an isinstance() against this ABC would fill abc's caches in every forked rank.
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
@@ -86,3 +88,6 @@ class _HookedLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, ...: the real loader's
         return getattr(self._loader, name)
+
+
+_FINDER = _PostImportFinder()

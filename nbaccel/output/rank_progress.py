@@ -34,7 +34,10 @@ MIN_INTERVAL = 0.05  # seconds between two events of one bar (tqdm itself defaul
 # falls back to tqdm.std.tqdm's (patched) behaviour.
 _NOTEBOOK_MEMBERS = ("__init__", "status_printer", "display", "colour", "__iter__", "update", "close", "clear", "reset")
 
+_PATCHED = ("__init__", "display", "close")  # tqdm.std.tqdm's methods that ``_patch_std`` replaces
+
 _state: dict[str, Any] = {"fd": None}
+_made: dict[str, Any] = {}  # "methods": (the originals, the patched methods made for them)
 _ids = itertools.count()
 
 
@@ -61,12 +64,42 @@ def install(channel_fd: int) -> None:
     when_imported("tqdm.notebook", _patch_notebook)
 
 
+def prepare() -> None:
+    """Kernel side, before a fork: make the patched methods of an imported tqdm now, so that
+    every rank only assigns them (see ``rank_hooks.prepare``).
+
+    Example:
+        >>> prepare()  # makes them if tqdm is imported; changes nothing in tqdm itself
+    """
+    module = sys.modules.get("tqdm.std")
+    if module is not None and not getattr(module.tqdm, "_nbaccel_patched", False):  # not in a rank
+        _patched_methods(module.tqdm)
+
+
 def _patch_std(module: Any) -> None:
     cls = module.tqdm
     if getattr(cls, "_nbaccel_patched", False):
         return
-    original_init, original_display, original_close = cls.__init__, cls.display, cls.close
+    cls.__init__, cls.display, cls.close = _patched_methods(cls)
+    cls._nbaccel_patched = True
 
+
+def _patched_methods(cls: Any) -> tuple[Any, Any, Any]:
+    """``__init__``, ``display`` and ``close`` for ``cls``, made once per set of originals.
+
+    Made in the kernel by ``prepare`` when tqdm is imported there (they are only assigned in a
+    rank), else in the rank; remade if the class's methods changed since.
+    """
+    # Keyed by what the class itself holds: tqdm's __init__ is a partialmethod, so reading
+    # cls.__init__ gives a new function each time.
+    originals = tuple(vars(cls).get(name) for name in _PATCHED)
+    made = _made.get("methods")
+    if made is None or any(a is not b for a, b in zip(made[0], originals)):
+        made = _made["methods"] = (originals, _make_methods(cls.__init__, cls.display, cls.close))
+    return made[1]
+
+
+def _make_methods(original_init: Any, original_display: Any, original_close: Any) -> tuple[Any, Any, Any]:
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         self._nbaccel_bar = next(_ids)
@@ -88,8 +121,7 @@ def _patch_std(module: Any) -> None:
         if was_open and hasattr(self, "_nbaccel_bar"):
             _send(self, closed=True, force=True)
 
-    cls.__init__, cls.display, cls.close = __init__, display, close
-    cls._nbaccel_patched = True
+    return __init__, display, close
 
 
 def _patch_notebook(module: Any) -> None:

@@ -168,3 +168,45 @@ def test_finish_shows_figures_left_open_as_a_cell_end_would(monkeypatch: pytest.
     sink = _launch(open_figure_rank, num_processes=1)
     (figure,) = _of(sink, 0, "display")
     assert figure["data"]["image/png"].startswith("iVBOR")
+
+
+def update_rank() -> None:
+    from IPython.display import display, update_display
+
+    display({"text/plain": "epoch 1"}, raw=True, display_id="loss")
+    update_display({"text/plain": "epoch 2"}, raw=True, display_id="loss")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_update_display_replaces_by_display_id(start_method: str) -> None:
+    sink = _launch(update_rank, start_method=start_method, num_processes=1)
+    shown = _of(sink, 0, "display")
+    assert [(e["data"]["text/plain"], e["display_id"], e["update"]) for e in shown] == [("epoch 1", "loss", False), ("epoch 2", "loss", True)]
+
+
+@pytest.mark.parametrize("pid", [1, 255, 65_535, 65_536, 4_194_304, 2**31 - 1])
+def test_the_prepickled_started_event_is_what_pickling_it_gives(pid: int) -> None:
+    from nbaccel import channel
+    from nbaccel.output import events, rank_hooks
+
+    assert channel.loads(rank_hooks.started_payload(pid)) == events.started_event(pid)
+
+
+def test_tqdms_patched_methods_are_made_in_the_kernel_before_a_fork_and_tqdm_stays_untouched() -> None:
+    import os
+
+    import tqdm.std
+
+    from nbaccel.output import rank_hooks, rank_progress  # noqa: F401 - rank_hooks registers the at-fork hook
+
+    def originals() -> tuple:
+        return tuple(vars(tqdm.std.tqdm)[name] for name in ("__init__", "display", "close"))
+
+    before = originals()
+    pid = os.fork()  # the at-fork hook (rank_hooks.prepare) makes them in the parent
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    made_for, methods = rank_progress._made["methods"]
+    assert made_for == before and rank_progress._patched_methods(tqdm.std.tqdm) is methods
+    assert originals() == before and not getattr(tqdm.std.tqdm, "_nbaccel_patched", False)
