@@ -31,6 +31,9 @@ STOP_PLANS = {
 }
 
 
+_LINGER = 3.0  # seconds a rank that reported its error may take to exit by itself
+
+
 class Supervisor(RankWatch):
     """Runs one attempt until every rank has ended and been reaped; returns their outcomes."""
 
@@ -88,7 +91,7 @@ class Supervisor(RankWatch):
             outcome.error = RemoteError(**channel.loads(payload))
             if not self._echoes_our_stop(outcome.error):
                 outcome.status = Status.FAILED
-                self._stop(Status.STOPPED)
+                self._stop(Status.STOPPED, spare=rank)
         else:
             super().on_frame(rank, kind, payload)
 
@@ -128,12 +131,19 @@ class Supervisor(RankWatch):
             return self._stop_reason  # our stop ended it (its error, if any, only echoed the stop)
         return Status.SIGNALED if code < 0 else Status.EXITED
 
-    def _stop(self, reason: Status) -> None:
-        """Begin stopping every live rank; an interrupt overrides any other stop under way."""
+    def _stop(self, reason: Status, spare: int | None = None) -> None:
+        """Begin stopping every live rank; an interrupt overrides any other stop under way.
+
+        ``spare`` is a rank that reported its own error and is exiting by itself: signalling it
+        would race its exit and lose its exit code; it is only killed if it lingers.
+        """
         if self._stop_reason is Status.INTERRUPTED or (self._stop_reason is not None and reason is not Status.INTERRUPTED):
             return
         self._stop_reason = reason
-        self.escalate(STOP_PLANS[reason])
+        others = [p for p in self.processes if p.rank != spare]
+        self.escalate(STOP_PLANS[reason], others)
+        if spare is not None:
+            self.escalate([(_LINGER, signal.SIGKILL)], [self.processes[spare]], keep=True)
 
     def _finish_after_interrupt(self) -> None:
         """Reap every rank after an interrupt; a second interrupt skips straight to SIGKILL."""

@@ -173,13 +173,16 @@ class RankWatch:
             if proc.returncode is None:
                 proc.send(sig)
 
-    def escalate(self, plan: Sequence[tuple[float, int]], targets: list[RankProcess] | None = None) -> None:
-        """Send each (delay, signal) of ``plan`` in turn, replacing any escalation under way."""
+    def escalate(self, plan: Sequence[tuple[float, int]], targets: list[RankProcess] | None = None, keep: bool = False) -> None:
+        """Send each (delay, signal) of ``plan`` in turn to ``targets`` (default: every rank);
+        replaces any escalation under way unless ``keep``."""
         start = time.monotonic()
         chosen = list(self.processes if targets is None else targets)
-        self._signals = []
+        if not keep:
+            self._signals = []
         for delay, sig in plan:
             if delay <= 0:
                 self.signal(sig, chosen)
             else:
                 self._signals.append((start + delay, sig, chosen))
+        self._signals.sort(key=lambda entry: entry[0])

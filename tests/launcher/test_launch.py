@@ -135,6 +135,7 @@ def test_failure_names_the_raising_rank_and_stops_the_blocked_peer_fast() -> Non
     assert "fail_on_rank_one_while_rank_zero_waits_in_a_collective" in error.remote_traceback
     assert "rank 1 about to fail" in error.last_lines
     assert [o.status.value for o in error.outcomes] == ["stopped", "failed"]
+    assert error.outcomes[1].exitcode == 1  # it exited by itself: never signalled, code kept
     raised_at = error.outcomes[1].error.timestamp
     assert stopped_at - raised_at < 2.0
     rendered = "\n".join(error._render_traceback_())
