@@ -45,7 +45,7 @@ import sys
 import tokenize
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 FUNCTION_NAME = "distributed_cell"
 STATE_NAME = "state"
@@ -161,6 +161,13 @@ class Cell(functools.partial):  # type: ignore[type-arg]
         42
     """
 
+    source: str
+    header: str | None
+    filename: str
+    flags: int
+    __name__: str
+    __qualname__: str
+
     # A partial, not a class with a Python __call__: calling it adds no frame of nbaccel's
     # between the worker and the cell, so a rank's traceback starts at the cell's own line.
     def __new__(cls, function: types.FunctionType, source: str, header: str | None, filename: str, flags: int) -> Cell:
@@ -174,14 +181,14 @@ class Cell(functools.partial):  # type: ignore[type-arg]
 
     @property
     def function(self) -> types.FunctionType:
-        return self.func  # type: ignore[no-any-return]
+        return cast(types.FunctionType, self.func)
 
     def __repr__(self) -> str:
         return f"<nbaccel cell {self.filename}>"
 
     def globals_used(self) -> dict[str, Any]:
         """The globals the cell's code (nested functions and classes included) refers to."""
-        namespace = self.function.__globals__
+        namespace = self.function.__globals__  # type: ignore[attr-defined]  # mypy reads this FunctionType property as MethodType
         names = _global_names(self.function.__code__)
         used = {name: namespace[name] for name in names if name in namespace}
         for name in names & _NOTEBOOK_BUILTINS:
@@ -305,6 +312,7 @@ def _as_function(body: list[ast.stmt], returns_last: bool) -> ast.FunctionDef:
     """``def distributed_cell(state=None): <body>`` with the last expression returned."""
     if returns_last:
         last = body[-1]
+        assert isinstance(last, ast.Expr)  # what returns_last means (_shows_last)
         body = [*body[:-1], ast.copy_location(ast.Return(value=last.value), last)]
     # Parsing a template keeps this independent of the FunctionDef fields of each Python version.
     function = ast.parse(f"def {FUNCTION_NAME}({STATE_NAME}=None):\n    pass").body[0]

@@ -23,7 +23,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
@@ -48,6 +48,9 @@ from .magic_options import (
 from .notebook_workers import NotebookWorkers
 from .plan import START_METHODS
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 MAGIC_NAME = "distributed"
 
 __all__ = ["CellSyntaxError", "DistributedMagics", "launcher_arguments", "register", "unregister"]
@@ -62,16 +65,18 @@ class DistributedMagics(Magics):
     instance holds (``self.workers``) until ``%distributed stop`` or ``%unload_ext nbaccel``.
     """
 
+    shell: InteractiveShell  # never None here: IPython's register_magics passes its shell
+
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         self.workers = NotebookWorkers(lambda: self.shell.user_ns)
 
-    @line_magic(MAGIC_NAME)
+    @line_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub: unbound TypeVar, read as Never
     def distributed_line(self, line: str) -> None:
         __tracebackhide__ = True
         self.workers.run(worker_commands.parse(line))
 
-    distributed_line.__doc__ = worker_commands.help_text()  # what %distributed? shows
+    distributed_line.__doc__ = worker_commands.help_text()  # type: ignore[assignment]  # what %distributed? shows (Never: see above)
 
     @magic_arguments.magic_arguments(name=MAGIC_NAME)
     @magic_arguments.argument("-n", "--num-processes", type=positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
@@ -85,7 +90,7 @@ class DistributedMagics(Magics):
     @magic_arguments.argument("-o", "--out", type=variable_name, metavar="NAME", help="store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)")
     @magic_arguments.argument("--text", action="store_true", help="show output as text lines labelled [rank N]")
     @magic_arguments.argument("--widgets", action="store_true", help="show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)")
-    @cell_magic(MAGIC_NAME)
+    @cell_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub, as line_magic above
     def distributed_cell(self, line: str, cell: str) -> Any:
         """Run this cell on every rank; show rank 0's value.
 

@@ -93,7 +93,7 @@ def _split(inputs: Any, num_processes: int, index: int, pad: bool, where: str) -
 def _slice(inputs: Any, start: int, stop: int, missing: int) -> Any:
     """``inputs[start:stop]`` followed by ``missing`` copies of the input's last element."""
     if isinstance(inputs, (list, tuple)):
-        piece = inputs[start:stop]
+        piece: Any = inputs[start:stop]  # a list or tuple here; a tensor or an array below
         # missing > 0 implies a non-empty input: an empty one pads every piece to length 0.
         return piece + type(piece)([inputs[-1]] * missing) if missing else piece
     if _is_tensor(inputs):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
@@ -87,5 +88,5 @@ def help_text() -> str:
     parts = [main.format_help()]
     for action in main._subparsers._group_actions:  # type: ignore[union-attr]
         # Commands without options (stop, restart, status) are fully described in the overview.
-        parts.extend(sub.format_help() for sub in action.choices.values() if sub._actions)
+        parts.extend(sub.format_help() for sub in cast("dict[str, argparse.ArgumentParser]", action.choices).values() if sub._actions)
     return "\n".join(parts)

@@ -16,7 +16,6 @@ import io
 import logging
 import os
 import sys
-from typing import TextIO
 
 try:  # fflush(NULL) pushes out C stdio buffers that os._exit would otherwise drop
     _libc: ctypes.CDLL | None = ctypes.CDLL(None)
@@ -33,12 +32,13 @@ def redirect_stdio(stdout_fd: int, stderr_fd: int) -> None:
         os.close(stdout_fd)
     if stderr_fd > 2:
         os.close(stderr_fd)
-    sys.stdout = sys.__stdout__ = _text_stream(1)
-    sys.stderr = sys.__stderr__ = _text_stream(2)
+    # typeshed marks sys.__stdout__/__stderr__ Final; a rank rebinds them on purpose.
+    sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
     _retarget_logging(old_streams)
 
 
-def _text_stream(fd: int) -> TextIO:
+def _text_stream(fd: int) -> io.TextIOWrapper:
     raw = io.FileIO(fd, "w", closefd=False)
     # Line buffering: whole lines reach the pipe as they are printed (live output), and a
     # line is one write, so the relay never sees a print split across reads mid-word needlessly.
