@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 
 from .outcome import RankOutcome
 
@@ -73,32 +72,11 @@ class RankFailedError(NbaccelError):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of the kernel-side stack: the launcher's frames say nothing
         # about the user's bug, the rank's traceback does.
-        lines = _with_cell_names(self.report()).splitlines()
+        lines = self.report().splitlines()
         return [f"RankFailedError: {lines[0]}", *lines[1:]]
 
     def __reduce__(self):  # picklable across processes (e.g. a pool relaying it)
         return (_rebuild_rank_failed, (self.__dict__,))
-
-
-def _with_cell_names(text: str) -> str:
-    """Name notebook cells as IPython does (``Cell In[3], line 2``), not by their temp file."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return text
-    shell = get_ipython()
-    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    if not names:
-        return text
-
-    def rename(match: re.Match[str]) -> str:
-        number = names.get(match.group(1))
-        return f"Cell In[{number}], line {match.group(2)}" if number is not None else match.group(0)
-
-    return _FILE_LINE.sub(rename, text)
-
-
-_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def _rebuild_rank_failed(state: dict) -> RankFailedError:

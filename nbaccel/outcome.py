@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import signal
@@ -54,6 +55,12 @@ class RemoteError:
     def headline(self) -> str:
         return f"{self.type_name}: {self.message}" if self.message else self.type_name
 
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> RemoteError:
+        """The error a rank sent, its traceback naming notebook cells as IPython does."""
+        error = cls(**fields)
+        return dataclasses.replace(error, traceback=with_cell_names(error.traceback))
+
 
 @dataclass
 class RankOutcome:
@@ -90,6 +97,27 @@ class RankOutcome:
     def is_failure(self) -> bool:
         """A failure that started the launch's end (not a rank nbaccel stopped)."""
         return self.status in (Status.FAILED, Status.EXITED, Status.SIGNALED)
+
+
+def with_cell_names(text: str) -> str:
+    """Name notebook cells as IPython does (``Cell In[3], line 2``), not by their temp file."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return text
+    shell = get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if not names:
+        return text
+
+    def rename(match: re.Match[str]) -> str:
+        number = names.get(match.group(1))
+        return f"Cell In[{number}], line {match.group(2)}" if number is not None else match.group(0)
+
+    return _FILE_LINE.sub(rename, text)
+
+
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def undecodable_result(rank: int, exc: Exception) -> RemoteError:

@@ -88,7 +88,7 @@ class Supervisor(RankWatch):
             if all(o.status is Status.SUCCEEDED for o in self.outcomes):
                 self._release()
         elif kind is channel.Kind.ERROR:
-            outcome.error = RemoteError(**channel.loads(payload))
+            outcome.error = RemoteError.from_fields(channel.loads(payload))
             if not self._echoes_our_stop(outcome.error):
                 outcome.status = Status.FAILED
                 self._stop(Status.STOPPED, spare=rank)

@@ -34,7 +34,7 @@ class _ReadyWatch(RankWatch):
         if kind is channel.Kind.READY:
             self.devices[rank] = channel.loads(payload)["device"]
         elif kind is channel.Kind.ERROR:
-            self.outcomes[rank].error = RemoteError(**channel.loads(payload))
+            self.outcomes[rank].error = RemoteError.from_fields(channel.loads(payload))
             self.outcomes[rank].status = Status.FAILED
         else:
             super().on_frame(rank, kind, payload)

@@ -89,7 +89,7 @@ class TaskWatch(RankWatch):
                 outcome.error = undecodable_result(rank, exc)
                 outcome.status = Status.FAILED
         elif kind is channel.Kind.ERROR:
-            outcome.error = RemoteError(**channel.loads(payload))
+            outcome.error = RemoteError.from_fields(channel.loads(payload))
             if self.reason is not None and outcome.error.type_name == "KeyboardInterrupt":
                 outcome.status = self.reason  # our own SIGINT, answered
             else:

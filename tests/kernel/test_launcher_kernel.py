@@ -113,3 +113,13 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_remote_tracebacks_name_notebook_cells_everywhere_they_are_shown(kernel: Kernel) -> None:
+    # The widget panel and the static view show outcome.error.traceback: it names the cell too.
+    run = kernel.execute(
+        "try:\n    nbaccel.notebook_launcher(boom, num_processes=2)\n"
+        "except nbaccel.RankFailedError as error:\n    print(error.outcomes[1].error.traceback)"
+    )
+    assert run.status == "ok"
+    assert "Cell In[" in run.stdout and "ipykernel_" not in run.stdout
