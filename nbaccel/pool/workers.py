@@ -142,11 +142,11 @@ class WorkerPool:
                 _pickle_by_value(value)
             except Exception as exc:  # noqa: BLE001 - any pickling failure
                 raise TypeError(f"cannot push {name!r}: a {type(value).__qualname__} cannot be pickled ({exc}); push plain data, tensors or modules instead.") from None
-        self.run_task(Assign(values), output="text", label="push " + " ".join(values))
+        self.run_task(Assign(values), output="text", label="push " + " ".join(values), remember=False)
 
     def pull(self, name: str, rank: int = 0) -> Any:
         """A variable of ``rank``'s namespace, with tensors moved to CPU (a module: its state_dict)."""
-        return self.run_task(Fetch(name), ranks=[rank], output="text", label=f"pull {name}")[rank]
+        return self.run_task(Fetch(name), ranks=[rank], output="text", label=f"pull {name}", remember=False)[rank]
 
     def status(self) -> list[WorkerStatus]:
         """Per rank: pid, device, idle or ended, memory in use, and the last cell it ran."""

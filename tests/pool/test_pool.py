@@ -205,6 +205,7 @@ def test_restart_gives_fresh_processes_and_empty_namespaces(pool) -> None:
 
 def test_status_reports_every_rank(pool) -> None:
     pool.run(all_reduce_rank)
+    pool.push(unrelated=1)  # moving variables is not running a cell
     statuses = pool.status()
     assert [s.rank for s in statuses] == [0, 1]
     assert all(s.state == "idle" and s.device == "cpu" and s.memory_mb > 0 for s in statuses)
