@@ -254,16 +254,20 @@ class RankPanel:
             _close_bar(bar)
         self._retired_bars.clear()
 
+    def dropped_words(self) -> str:
+        """'1,200 earlier lines and 3 earlier displays': what the view no longer holds ('' if none)."""
+        dropped = []
+        if self.dropped_lines:
+            dropped.append(f"{self.dropped_lines:,} earlier line{'s' if self.dropped_lines != 1 else ''}")
+        if self.dropped_displays:
+            dropped.append(f"{self.dropped_displays:,} earlier display{'s' if self.dropped_displays != 1 else ''}")
+        return " and ".join(dropped)
+
     def _notice_html(self) -> str:
         parts = []
         if self.dropped_lines or self.dropped_displays:
-            dropped = []
-            if self.dropped_lines:
-                dropped.append(f"{self.dropped_lines:,} earlier line{'s' if self.dropped_lines != 1 else ''}")
-            if self.dropped_displays:
-                dropped.append(f"{self.dropped_displays:,} earlier display{'s' if self.dropped_displays != 1 else ''}")
             where = f" &mdash; the full log is in <code>{html.escape(self.log_file)}</code>" if self.log_file else ""
-            parts.append(f"{' and '.join(dropped)} not shown here (the view keeps the latest {self.max_lines:,} lines){where}")
+            parts.append(f"{self.dropped_words()} not shown here (the view keeps the latest {self.max_lines:,} lines){where}")
         elif not self.blocks and not self.bars and self.failure is None:
             parts.append("no output yet")
         if not parts:

@@ -103,13 +103,8 @@ def _panel_html(panel: RankPanel) -> list[str]:
 
 
 def _dropped_words(panel: RankPanel) -> str:
-    what = []
-    if panel.dropped_lines:
-        what.append(f"{panel.dropped_lines:,} earlier lines")
-    if panel.dropped_displays:
-        what.append(f"{panel.dropped_displays:,} earlier displays")
     where = f"; the full log is in {panel.log_file}" if panel.log_file else ""
-    return f"… {' and '.join(what)} not shown{where}"
+    return f"… {panel.dropped_words()} not shown{where}"
 
 
 def _outputs_text(outputs: list[dict[str, Any]]) -> list[str]:
