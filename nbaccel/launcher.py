@@ -15,7 +15,7 @@ from . import warm
 from .errors import RankFailedError
 from .launchers.base import LaunchPlan, Launcher
 from .launchers.local import LocalLauncher
-from .outcome import RankOutcome, root_cause
+from .outcome import RankOutcome, Status, root_cause
 from .output.select import make_sink
 from .output.sinks import Sink
 from .plan import check_arguments, choose_starter, make_plan
@@ -93,11 +93,11 @@ def _run(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any
     failed_attempts: list[list[RankOutcome]] = []
     for attempt in range(plan.max_restarts + 1):
         outcomes = launcher.run_attempt(job, plan, attempt, sink)
-        root = root_cause(outcomes)
-        if root is None and all(o.status.value == "succeeded" for o in outcomes):
+        if all(o.status is Status.SUCCEEDED for o in outcomes):
             return [o.value for o in outcomes]
         failed_attempts.append(outcomes)
         if attempt < plan.max_restarts:
+            root = root_cause(outcomes)
             summary = root.describe() if root else "a rank did not return"
             print(f"nbaccel: attempt {attempt + 1} of {plan.max_restarts + 1} failed ({summary}); restarting all {plan.num_processes} ranks", file=sys.stderr)
     error = RankFailedError(root_cause(failed_attempts[-1]) or failed_attempts[-1][0], failed_attempts[-1])
