@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 from jupyter_client.manager import KernelManager
 
 
@@ -62,6 +63,10 @@ class Kernel:
     @property
     def pid(self) -> int:
         return self.manager.provisioner.process.pid  # type: ignore[union-attr]
+
+    def children(self) -> list[int]:
+        """Pids of every process the kernel started that still exists (ranks, workers)."""
+        return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
 
     def execute(self, code: str, timeout: float = 60.0, interrupt_after: float | None = None) -> Execution:
         """Run ``code``; collect iopub until the kernel is idle again (optionally interrupting it)."""
@@ -115,6 +120,14 @@ def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
             kernel.shutdown()
         else:
             manager.shutdown_kernel(now=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not count)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def python3_kernel_uses_this_interpreter() -> bool:

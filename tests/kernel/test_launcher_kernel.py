@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -10,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.kernel_harness import Kernel, running_kernel
+from tests.kernel_harness import alive, Kernel, running_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 
@@ -49,10 +48,6 @@ def kernel():
         yield k
 
 
-def _children(kernel: Kernel) -> list[int]:
-    return [p.pid for p in psutil.Process(kernel.pid).children(recursive=True)]
-
-
 def test_launch_output_lands_in_the_cell_labelled_and_the_result_is_the_cell_value(kernel: Kernel) -> None:
     run = kernel.execute("nbaccel.notebook_launcher(hello, args=(10,), num_processes=2)")
     assert run.status == "ok"
@@ -60,7 +55,7 @@ def test_launch_output_lands_in_the_cell_labelled_and_the_result_is_the_cell_val
     assert lines == ["[rank 0] hello from rank 0, sum 3", "[rank 1] hello from rank 1, sum 3"]
     [result] = run.of_type("execute_result")
     assert result["content"]["data"]["text/plain"] == "[0, 10]"
-    assert _children(kernel) == []
+    assert kernel.children() == []
 
 
 def test_a_failing_rank_shows_its_notebook_traceback_not_the_launcher(kernel: Kernel) -> None:
@@ -74,7 +69,7 @@ def test_a_failing_rank_shows_its_notebook_traceback_not_the_launcher(kernel: Ke
     assert "Cell In[" in text  # named as IPython names cells, not by a temp file
     assert "rank 1 says goodbye" in text
     assert "supervisor.py" not in text  # the kernel-side stack is not shown
-    assert _children(kernel) == []
+    assert kernel.children() == []
 
 
 def test_interrupt_stops_every_rank_keeps_handlers_and_the_next_launch_works(kernel: Kernel, tmp_path) -> None:
@@ -101,18 +96,13 @@ def test_ranks_exit_when_the_kernel_is_killed(tmp_path) -> None:
         pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
         os.kill(k.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        while any(_alive(p) for p in pids) and time.monotonic() - killed_at < 5:
+        while any(alive(p) for p in pids) and time.monotonic() - killed_at < 5:
             time.sleep(0.02)
         gone_after = time.monotonic() - killed_at
-        assert not any(_alive(p) for p in pids)
+        assert not any(alive(p) for p in pids)
         assert gone_after < 2.0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_remote_tracebacks_name_notebook_cells_everywhere_they_are_shown(kernel: Kernel) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.kernel_harness import Execution, Kernel, running_kernel
@@ -21,7 +20,7 @@ def kernel() -> Iterator[Kernel]:
 
 
 def _no_ranks_left(kernel: Kernel) -> None:
-    assert psutil.Process(kernel.pid).children(recursive=True) == []
+    assert kernel.children() == []
 
 
 def _result_text(run: Execution) -> str | None:

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.kernel_harness import running_kernel
+from tests.kernel_harness import alive, running_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 
@@ -29,17 +29,12 @@ def _worker_pids(kernel) -> list[int]:
 def _gone_within(pids: list[int], seconds: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < seconds:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return time.monotonic() - started
         time.sleep(0.02)
-    raise AssertionError(f"workers {[p for p in pids if _alive(p)]} still alive {seconds} s after the kernel ended")
+    raise AssertionError(f"workers {[p for p in pids if alive(p)]} still alive {seconds} s after the kernel ended")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_workers_keep_state_between_cells_in_a_kernel() -> None:

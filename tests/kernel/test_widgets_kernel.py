@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.kernel_harness import Execution, Kernel, running_kernel
@@ -74,7 +73,7 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
 
 
 def _no_ranks_left(kernel: Kernel) -> None:
-    assert psutil.Process(kernel.pid).children(recursive=True) == []
+    assert kernel.children() == []
 
 
 def _opened(run: Execution, model: str) -> list[dict[str, Any]]:
