@@ -19,14 +19,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from nbaccel._version import __version__
 
 if TYPE_CHECKING:
-    from .data import accumulate, prepare_data_loader
-    from .errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
-    from .launcher import notebook_launcher
-    from .pool import PoolStoppedError, WorkerPool, start_workers
-    from .state import (
+    from nbaccel.state.data import accumulate, prepare_data_loader
+    from nbaccel.errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
+    from nbaccel.launcher import notebook_launcher
+    from nbaccel.pool import PoolStoppedError, WorkerPool, start_workers
+    from nbaccel.state import (
         AcceleratorState,
         DistributedType,
         GradientAccumulationPlugin,
@@ -52,8 +52,8 @@ _EXPORTS = {
     "GradientAccumulationPlugin": "state",
     "DistributedType": "state",
     "InitProcessGroupKwargs": "state",
-    "prepare_data_loader": "data",
-    "accumulate": "data",
+    "prepare_data_loader": "state.data",
+    "accumulate": "state.data",
 }
 
 __all__ = [  # spelled out (not built from _EXPORTS) so static tools see the public names
@@ -95,8 +95,8 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Called by ``%load_ext nbaccel``: registers the ``%%distributed`` magics."""
-    from .magics import register
-    from .output.frontend import watch
+    from nbaccel.notebook.magics import register
+    from nbaccel.output.frontend import watch
 
     watch(ipython)  # from now on, notice widget frontends that (re)connect
     register(ipython)
@@ -104,6 +104,6 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Called by ``%unload_ext nbaccel``: removes the magics again."""
-    from .magics import unregister
+    from nbaccel.notebook.magics import unregister
 
     unregister(ipython)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from .outcome import RankOutcome
+from nbaccel.launch.outcome import RankOutcome
 
 
 class NbaccelError(Exception):

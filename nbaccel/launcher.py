@@ -1,7 +1,7 @@
 """``notebook_launcher``: run a function on one process per GPU, forked from the kernel.
 
 The function validates, decides, and hands over: preflight and device choice live in
-``nbaccel.preflight``, the ranks in ``nbaccel.launchers``, their output in ``nbaccel.output``.
+``nbaccel.launch.preflight``, the ranks in ``nbaccel.launch``, their output in ``nbaccel.output``.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from . import warm
-from .errors import RankFailedError
-from .launchers.base import LaunchPlan, Launcher
-from .launchers.local import LocalLauncher
-from .outcome import RankOutcome, Status, root_cause
-from .output.select import make_sink
-from .output.sinks import Sink
-from .plan import check_arguments, choose_starter, make_plan
-from .worker import Job
+from nbaccel.launch import warm
+from nbaccel.errors import RankFailedError
+from nbaccel.launch.seam import LaunchPlan, Launcher
+from nbaccel.launch.local import LocalLauncher
+from nbaccel.launch.outcome import RankOutcome, Status, root_cause
+from nbaccel.output.choose import make_sink
+from nbaccel.output.sinks import Sink
+from nbaccel.launch.plan import check_arguments, choose_starter, make_plan
+from nbaccel.rank.bootstrap import Job
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..outcome import RankOutcome
+from nbaccel.launch.outcome import RankOutcome
 
 
 @runtime_checkable
@@ -34,7 +34,7 @@ class Sink(Protocol):
         """Whole lines (no trailing newline) that ``rank`` wrote to ``stream`` ("stdout"/"stderr")."""
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
-        """Rich output from ``rank``: display data, progress bars (see nbaccel.output.events)."""
+        """Rich output from ``rank``: display data, progress bars (see nbaccel.wire.events)."""
 
     def rank_finished(self, outcome: RankOutcome) -> None:
         """``outcome.rank`` has ended (succeeded, failed, stopped ...)."""

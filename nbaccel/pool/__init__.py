@@ -8,6 +8,6 @@ Example:
     >>> pool.stop()  # doctest: +SKIP
 """
 
-from .workers import PoolStoppedError, WorkerPool, WorkerStatus, start_workers
+from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus, start_workers
 
 __all__ = ["PoolStoppedError", "WorkerPool", "WorkerStatus", "start_workers"]

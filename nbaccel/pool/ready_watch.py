@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
-from .. import channel
-from ..errors import LaunchTimeoutError, RankFailedError
-from ..outcome import RankOutcome, RemoteError, Status, root_cause
-from ..output.relay import RankPipes
-from ..output.sinks import Sink
-from ..process import RankProcess
-from ..watch import RankWatch
+from nbaccel.wire import frames as channel
+from nbaccel.errors import LaunchTimeoutError, RankFailedError
+from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, root_cause
+from nbaccel.launch.pipes import RankPipes
+from nbaccel.output.sinks import Sink
+from nbaccel.launch.processes import RankProcess
+from nbaccel.launch.loop import RankWatch
 
 
 class _ReadyWatch(RankWatch):

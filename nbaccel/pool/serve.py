@@ -17,8 +17,8 @@ import signal
 import sys
 from typing import Any
 
-from .. import channel
-from ..worker import ChildEnds, call_and_report
+from nbaccel.wire import frames as channel
+from nbaccel.rank.bootstrap import ChildEnds, call_and_report
 
 _DEFERRED_NOTE = (
     "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still "
@@ -73,7 +73,7 @@ class TaskInterrupts:
 
 
 def _namespace(seed: dict[str, Any] | None) -> dict[str, Any]:
-    from ..cell import LazyState
+    from nbaccel.notebook.cell import LazyState
 
     namespace = dict(seed) if seed else {"__name__": "__main__", "__builtins__": builtins}
     namespace["state"] = LazyState()
@@ -81,7 +81,7 @@ def _namespace(seed: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _join_process_group() -> Any:
-    from ..state import PartialState
+    from nbaccel.state import PartialState
 
     return PartialState()
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import signal
 import time
 
-from .. import channel
-from ..outcome import RankOutcome, RemoteError, Status, undecodable_result
-from ..output.relay import RankPipes
-from ..output.sinks import Sink
-from ..process import RankProcess
-from ..watch import RankWatch
+from nbaccel.wire import frames as channel
+from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, undecodable_result
+from nbaccel.launch.pipes import RankPipes
+from nbaccel.output.sinks import Sink
+from nbaccel.launch.processes import RankProcess
+from nbaccel.launch.loop import RankWatch
 
 INTERRUPT_GRACE = 10.0
 

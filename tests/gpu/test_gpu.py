@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import nbaccel
-from nbaccel.preflight import fork_hazards
+from nbaccel.launch.preflight import fork_hazards
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -34,7 +34,7 @@ def test_one_rank_per_gpu_with_nccl_and_results_on_the_cpu() -> None:
 
 SPAWN_FALLBACK = """
 import torch, nbaccel
-from nbaccel.preflight import fork_hazards
+from nbaccel.launch.preflight import fork_hazards
 torch.zeros(1, device="cuda")  # what a notebook does by accident
 assert fork_hazards()
 try:

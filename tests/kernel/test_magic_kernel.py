@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernel_harness import Execution, Kernel, running_kernel
+from nbaccel.testing import nbaccel_frames
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(90)]
 
@@ -79,7 +80,7 @@ def test_a_failing_rank_makes_the_cell_fail_naming_the_rank_and_the_cells_line(k
     assert "rank 1 failed: ValueError: boom in the cell" in text
     assert "line 4, in distributed_cell" in text  # counted from the %%distributed line
     assert "raise ValueError('boom in the cell')" in text
-    assert "magics.py" not in text and "supervisor.py" not in text
+    assert nbaccel_frames(text) == []
     _no_ranks_left(kernel)
 
 
@@ -97,7 +98,7 @@ def test_a_syntax_error_fails_the_cell_at_once_without_starting_a_rank(kernel: K
         assert run.error["ename"] == "CellSyntaxError"
         text = _traceback(run)
         assert "SyntaxError" in text and "x = (" in text and "line 3" in text
-        assert "magics.py" not in text
+        assert nbaccel_frames(text) == []
         assert run.stdout == ""
         assert kernel.execute("print(len(_calls))").stdout == "0\n"
     finally:

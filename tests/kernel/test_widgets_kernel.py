@@ -208,7 +208,7 @@ def _collect(kernel: Kernel, msg_id: str, timeout: float) -> Execution:
             return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started)
 
 
-PICK = "import nbaccel.output.select as s; print(type(s.make_sink(None)).__name__)"
+PICK = "import nbaccel.output.choose as s; print(type(s.make_sink(None)).__name__)"
 
 
 def test_auto_picks_widgets_for_a_jupyterlab_notebook_cell(tmp_path: Path) -> None:

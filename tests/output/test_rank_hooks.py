@@ -120,7 +120,7 @@ def test_the_import_hook_runs_after_the_module_and_never_breaks_the_import() -> 
     import subprocess
 
     code = (
-        "from nbaccel.output.import_hooks import when_imported\n"
+        "from nbaccel.rank.import_hooks import when_imported\n"
         "when_imported('json', lambda m: print('hooked', m.dumps([1])))\n"
         "when_imported('csv', lambda m: 1 / 0)\n"
         "import json, csv\n"
@@ -156,7 +156,7 @@ def test_a_table_is_displayed_as_html_with_its_text_for_text_views() -> None:
 def open_figure_rank() -> None:
     import matplotlib.pyplot as plt
 
-    from nbaccel.output import rank_hooks
+    from nbaccel.rank import display_hooks as rank_hooks
 
     plt.figure()
     plt.plot([0, 1])
@@ -186,8 +186,9 @@ def test_update_display_replaces_by_display_id(start_method: str) -> None:
 
 @pytest.mark.parametrize("pid", [1, 255, 65_535, 65_536, 4_194_304, 2**31 - 1])
 def test_the_prepickled_started_event_is_what_pickling_it_gives(pid: int) -> None:
-    from nbaccel import channel
-    from nbaccel.output import events, rank_hooks
+    from nbaccel.wire import frames as channel
+    from nbaccel.wire import events
+    from nbaccel.rank import display_hooks as rank_hooks
 
     assert channel.loads(rank_hooks.started_payload(pid)) == events.started_event(pid)
 
@@ -197,7 +198,7 @@ def test_tqdms_patched_methods_are_made_in_the_kernel_before_a_fork_and_tqdm_sta
 
     import tqdm.std
 
-    from nbaccel.output import rank_hooks, rank_progress  # noqa: F401 - rank_hooks registers the at-fork hook
+    from nbaccel.rank import display_hooks as rank_hooks, progress_hooks as rank_progress  # noqa: F401 - rank_hooks registers the at-fork hook
 
     def originals() -> tuple:
         return tuple(vars(tqdm.std.tqdm)[name] for name in ("__init__", "display", "close"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nbaccel.outcome import RankOutcome, RemoteError, Status
-from nbaccel.output.rank_panel import RankPanel
+from nbaccel.launch.outcome import RankOutcome, RemoteError, Status
+from nbaccel.output.widgets.rank_panel import RankPanel
 from tests.output.conftest import CommLog
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from nbaccel.output.rich_text import RichTextSink
+from nbaccel.output.text import RichTextSink
 
 
 def _bar(n: float, total: float | None, closed: bool = False, leave: bool = True, bar: int = 0) -> dict:

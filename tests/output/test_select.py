@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from nbaccel.output import frontend
-from nbaccel.output.rich_text import RichTextSink
-from nbaccel.output.select import make_sink
+from nbaccel.output.text import RichTextSink
+from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel.outcome import RankOutcome, RemoteError, Status
-from nbaccel.output.rich_text import RichTextSink
+from nbaccel.launch.outcome import RankOutcome, RemoteError, Status
+from nbaccel.output.text import RichTextSink
 from nbaccel.output.sinks import CollectingSink, Sink, TextSink
-from nbaccel.output.widgets import WIDGET_VIEW_MIME, WidgetSink
+from nbaccel.output.widgets.sink import WIDGET_VIEW_MIME, WidgetSink
 from tests.output.conftest import CommLog, FakePublisher
 
 ERROR = RemoteError("ValueError", "boom", 'Traceback (most recent call last):\n  File "<cell>", line 3, in f\nValueError: boom\n', 1.0)

@@ -1,1 +1,1 @@
-"""Tests of the process-state API (nbaccel.state, nbaccel.split, nbaccel.data)."""
+"""Tests of the process-state API (nbaccel.state, nbaccel.state.split, nbaccel.state.data)."""

@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from torch.utils.data.distributed import DistributedSampler
 
 from nbaccel import GradientAccumulationPlugin, GradientState, accumulate, prepare_data_loader
-from nbaccel.data import DataLoaderShard, padding_added, shard_batches
+from nbaccel.state.data import DataLoaderShard, padding_added, shard_batches
 
 # -- the sharding arithmetic -------------------------------------------------------------------------
 

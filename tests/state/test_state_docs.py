@@ -14,16 +14,16 @@ import nbaccel
 from nbaccel.state import reset_all_states
 
 MODULES = (
-    "nbaccel.split",
-    "nbaccel.plugins",
-    "nbaccel.topology",
-    "nbaccel.process_group",
-    "nbaccel.process_control",
-    "nbaccel.partial_state",
-    "nbaccel.accelerator_state",
-    "nbaccel.gradient_state",
+    "nbaccel.state.split",
+    "nbaccel.state.plugins",
+    "nbaccel.state.launch_env",
+    "nbaccel.state.default_group",
+    "nbaccel.state.control",
+    "nbaccel.state.partial",
+    "nbaccel.state.accelerator",
+    "nbaccel.state.gradient",
     "nbaccel.state",
-    "nbaccel.data",
+    "nbaccel.state.data",
 )
 
 

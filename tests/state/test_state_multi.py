@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import pytest
 
-from nbaccel.data import padding_added
-from nbaccel.split import padded_length, shard_bounds
+from nbaccel.state.data import padding_added
+from nbaccel.state.split import padded_length, shard_bounds
 
 from . import _rank_checks
 from ._launch import launch

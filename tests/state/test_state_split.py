@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbaccel.split import padded_length, shard_bounds, split_for_process
+from nbaccel.state.split import padded_length, shard_bounds, split_for_process
 
 
 def pieces(inputs, n, pad=False):

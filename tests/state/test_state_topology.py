@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nbaccel.process_group import GroupInfo, check_agreement, default_backend, join_default_group
-from nbaccel.topology import LaunchEnvironment, fork_launched, is_truthy, normalize_mixed_precision
+from nbaccel.state.default_group import GroupInfo, check_agreement, default_backend, join_default_group
+from nbaccel.state.launch_env import LaunchEnvironment, fork_launched, is_truthy, normalize_mixed_precision
 
 
 def test_nothing_launched_reads_as_one_process():

@@ -1,0 +1,67 @@
+"""Start a rank as a fresh interpreter, for kernels where forking is unsafe (CUDA already initialised).
+
+The job travels as cloudpickle bytes over the child's stdin, so functions defined in a notebook
+work (plain ``spawn`` cannot import them from ``__main__``). The function keeps its file name and
+source (nbaccel.wire.portable), so errors still show the notebook's lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nbaccel.wire.portable import Sourced
+from nbaccel.rank.bootstrap import ChildEnds, Job
+
+CHANNEL_FD = 3  # where the spawned rank finds its channel pipe
+COMMANDS_FD = 4  # and, for persistent workers, its command pipe
+
+
+class SpawnStarter:
+    """Starts ``python -m nbaccel.rank.spawn_entry`` and hands it the job.
+
+    Example::
+
+        pid = SpawnStarter().start(job, rank=0, env=env, ends=ends, close_fds=[])
+    """
+
+    start_method = "spawn"
+
+    def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
+        import cloudpickle
+
+        payload = cloudpickle.dumps(
+            {"job": Job(Sourced.wrap(job.function), job.args, job.pass_ends), "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None}
+        )
+        actions = [
+            (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
+            (os.POSIX_SPAWN_DUP2, ends.stderr, 2),
+            (os.POSIX_SPAWN_DUP2, ends.channel, CHANNEL_FD),
+        ]
+        if ends.commands is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, ends.commands, COMMANDS_FD))
+        payload_r, payload_w = os.pipe()
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-m", "nbaccel.rank.spawn_entry"],
+                _child_environment(env),
+                file_actions=[(os.POSIX_SPAWN_DUP2, payload_r, 0), *actions],
+                setsid=True,  # its own session and process group, like a forked rank's
+            )
+        finally:
+            os.close(payload_r)
+        try:
+            with open(payload_w, "wb", closefd=True) as pipe:
+                pipe.write(payload)
+        except BrokenPipeError:  # the rank died at start-up; its exit status tells the supervisor
+            pass
+        return pid
+
+
+def _child_environment(env: dict[str, str]) -> dict[str, str]:
+    merged = dict(os.environ)
+    merged.update(env)
+    # The kernel may import from places only its sys.path knows (the notebook's folder).
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+    return merged

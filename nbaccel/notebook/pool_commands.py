@@ -1,0 +1,92 @@
+"""The parser of the ``%distributed`` line magic: one subcommand per action on persistent workers.
+
+Built on IPython's ``MagicArgumentParser`` (a wrong option raises a one-line ``UsageError``
+instead of exiting), with argparse subcommands; ``help_text()`` is what ``%distributed?`` shows.
+
+Example:
+    >>> parse("start -n 4 --cpu").num_processes
+    4
+    >>> parse("pull weights --rank 1 -o w").out
+    'w'
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import cast
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from nbaccel.launch.rank_env import MIXED_PRECISIONS
+from nbaccel.notebook.options import gpu_list, non_negative_int, positive_int, variable_name
+from nbaccel.launch.plan import START_METHODS
+
+COMMANDS = ("start", "stop", "restart", "status", "push", "pull")
+
+_DESCRIPTION = """\
+Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
+and their variables from one cell to the next.
+
+After `%distributed start`, every %%distributed cell runs on the workers: each rank keeps its own
+namespace, so a variable a cell defines is there in the next cell. Without workers, a
+%%distributed cell is a one-shot launch, as before. Examples:
+
+    %distributed start -n 2
+    %distributed push data labels
+    %distributed pull model_state --rank 0 -o weights
+    %distributed status
+    %distributed stop
+"""
+
+
+def _add_start(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    start = commands.add_parser("start", help="fork N workers and join their process group (returns when every rank is ready)")
+    start.add_argument("-n", "--num-processes", type=positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
+    start.add_argument("--gpus", type=gpu_list, metavar="0,2,3", help="CUDA devices to use, one rank each (default: the first N)")
+    start.add_argument("--cpu", action="store_true", help="run CPU ranks on gloo even where GPUs are visible")
+    start.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, help="exported to nbaccel's state and Accelerate (default: no)")
+    start.add_argument("--start-method", choices=START_METHODS, help="fork the kernel (the ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces)")
+
+
+def _add_transfers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    push = commands.add_parser("push", help="send notebook variables to every rank (by value, with cloudpickle)")
+    push.add_argument("names", nargs="+", type=variable_name, metavar="NAME", help="notebook variables to send")
+    pull = commands.add_parser("pull", help="bring a rank's variable into the notebook (tensors on CPU, a module as its state_dict)")
+    pull.add_argument("name", type=variable_name, metavar="NAME", help="the variable on the rank")
+    pull.add_argument("--rank", type=non_negative_int, default=0, metavar="R", help="the rank to take it from (default: 0)")
+    pull.add_argument("-o", "--out", type=variable_name, metavar="TARGET", help="the notebook variable to store it in (default: NAME)")
+
+
+@functools.lru_cache(maxsize=1)
+def parser() -> MagicArgumentParser:
+    """The ``%distributed`` parser (built once)."""
+    main = MagicArgumentParser(prog="distributed", description=_DESCRIPTION)
+    commands = main.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    _add_start(commands)
+    commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
+    commands.add_parser("restart", help="fresh workers with empty namespaces and the same options")
+    commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
+    _add_transfers(commands)
+    return main
+
+
+def parse(line: str) -> argparse.Namespace:
+    """The parsed ``%distributed`` line; a one-line ``UsageError`` for anything wrong."""
+    if not line.strip():
+        raise UsageError(f"%distributed needs a command: {', '.join(COMMANDS)} (%distributed? explains each).")
+    try:
+        return parser().parse_argstring(line)
+    except ValueError as error:  # shlex: "No closing quotation"
+        raise UsageError(f"%distributed {line.strip()}: {error}") from None
+
+
+def help_text() -> str:
+    """The overview, then the usage and options of every command that has options."""
+    main = parser()
+    parts = [main.format_help()]
+    for action in main._subparsers._group_actions:  # type: ignore[union-attr]
+        # Commands without options (stop, restart, status) are fully described in the overview.
+        parts.extend(sub.format_help() for sub in cast("dict[str, argparse.ArgumentParser]", action.choices).values() if sub._actions)
+    return "\n".join(parts)

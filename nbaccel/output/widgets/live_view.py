@@ -1,0 +1,188 @@
+"""The widget of one launch: a header (a status chip per rank, the elapsed time) above one tab
+per rank taking part, the lowest first and selected.
+
+A launch runs every rank; a cell on persistent workers may run on some of them only
+(``ranks``): the view shows exactly those, each labelled with its true rank number.
+Only widgets live here; when to update them is ``WidgetSink``'s business.
+
+Example:
+    >>> view = LaunchView(num_processes=2)
+    >>> view.set_state(1, RUNNING)
+    >>> view.tabs.titles
+    ('rank 0 · waiting', 'rank 1 · running')
+    >>> view.tabs.selected_index
+    0
+    >>> LaunchView(num_processes=4, ranks=[3, 1]).tabs.titles
+    ('rank 1 · waiting', 'rank 3 · waiting')
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import ipywidgets as w
+
+from nbaccel.output.widgets.rank_panel import RankPanel, close_tree
+from nbaccel.output.status_words import RUNNING, WAITING, RankState  # noqa: F401 - RUNNING is used by the doctest
+
+V = TypeVar("V")
+
+# Plain CSS for the few things inline styles cannot do; scoped to the launch's class.
+_STYLE = """<style>
+.nbaccel-launch .widget-tab > .p-TabBar .p-TabBar-tab, .nbaccel-launch .widget-tab > .lm-TabBar .lm-TabBar-tab { min-width: 9em; }
+.nbaccel-launch .nbaccel-rank-panel .jp-OutputArea-output pre { margin: 0; }
+</style>"""
+
+
+class LaunchView:
+    """Header (title, chips, clock), failure banner and rank tabs of one launch attempt."""
+
+    def __init__(
+        self,
+        num_processes: int,
+        attempt: int = 0,
+        log_dir: str | None = None,
+        log_files: Callable[[int], str | None] | None = None,
+        max_lines: int = 500,
+        max_displays: int = 20,
+        ranks: Sequence[int] | None = None,
+    ) -> None:
+        self.num_processes = num_processes
+        self.ranks = taking_part(num_processes, ranks)
+        self.attempt = attempt
+        self.log_dir = log_dir
+        self._log_file = log_files or (lambda rank: None)
+        self._panel_options = {"max_lines": max_lines, "max_displays": max_displays}
+        # Keyed by true rank number, in rank order (a subset's tabs are not 0..n-1).
+        self.states: dict[int, RankState] = {rank: WAITING for rank in self.ranks}
+        self.panels: dict[int, RankPanel] = {rank: self._new_panel(rank) for rank in self.ranks}
+        self.chips: dict[int, w.HTML] = {rank: w.HTML(chip_html(rank, WAITING)) for rank in self.ranks}
+        self.title = w.HTML(self._title_html())
+        self.clock = w.HTML(_clock_html("starting"), layout=w.Layout(margin="0 0 0 auto"))
+        self.banner = w.HTML("", layout=w.Layout(display="none"))
+        self.tabs = w.Tab(children=self._tab_children(), titles=self._tab_titles(), selected_index=0 if self.ranks else None)
+        self._chip_row = w.HBox(tuple(self.chips.values()), layout=w.Layout(flex_flow="row wrap"))
+        header = w.HBox([self.title, self._chip_row, self.clock], layout=w.Layout(align_items="center", width="100%"))
+        self._style = w.HTML(_STYLE)
+        self.root = w.VBox([self._style, header, self.banner, self.tabs], layout=w.Layout(width="100%"), _dom_classes=("nbaccel-launch",))
+        self._header = header
+
+    def panel(self, rank: int) -> RankPanel:
+        """Rank ``rank``'s panel; a rank the launch did not announce gets one (a tab, a chip)."""
+        panel = self.panels.get(rank)
+        return panel if panel is not None else self._add_rank(rank)
+
+    def _add_rank(self, rank: int) -> RankPanel:
+        """A tab and chip for an unannounced rank (an idle worker that printed), in rank order;
+        the tab the user is looking at stays selected."""
+        selected = self._selected_rank()
+        self.states[rank] = WAITING
+        self.panels[rank] = self._new_panel(rank)
+        self.chips[rank] = w.HTML(chip_html(rank, WAITING))
+        _sort_by_rank(self.states)
+        _sort_by_rank(self.panels)
+        _sort_by_rank(self.chips)
+        self._chip_row.children = tuple(self.chips.values())
+        with self.tabs.hold_sync():
+            self.tabs.children = self._tab_children()
+            self.tabs.titles = self._tab_titles()
+            self.tabs.selected_index = list(self.panels).index(rank if selected is None else selected)
+        return self.panels[rank]
+
+    def _selected_rank(self) -> int | None:
+        index = self.tabs.selected_index
+        shown = list(self.panels)
+        return shown[index] if index is not None and 0 <= index < len(shown) else None
+
+    def _new_panel(self, rank: int) -> RankPanel:
+        return RankPanel(rank, log_file=self._log_file(rank), **self._panel_options)
+
+    def _tab_children(self) -> tuple[w.Widget, ...]:
+        return tuple(p.widget for p in self.panels.values())
+
+    def _tab_titles(self) -> tuple[str, ...]:
+        return tuple(tab_title(r, s) for r, s in self.states.items())
+
+    def set_state(self, rank: int, state: RankState) -> None:
+        """Relabel rank ``rank``'s chip and tab (one message each, only if the words changed)."""
+        self.panel(rank)
+        if self.states[rank] == state:
+            return
+        self.states[rank] = state
+        self.chips[rank].value = chip_html(rank, state)
+        self.tabs.titles = self._tab_titles()
+
+    def set_clock(self, text: str) -> None:
+        value = _clock_html(text)
+        if value != self.clock.value:
+            self.clock.value = value
+
+    def set_banner(self, text: str) -> None:
+        """A line above the tabs that nobody can miss: which rank failed, and why."""
+        with self.banner.hold_sync():
+            self.banner.value = (
+                "<div style='background:#fce8e6;color:#a50e0e;border:1px solid #f6aea9;border-radius:4px;"
+                f"padding:2px 8px;margin:2px 0'>✗ {html.escape(text)}</div>"
+            )
+            self.banner.layout.display = None
+
+    def close(self) -> None:
+        for panel in self.panels.values():
+            panel.close()
+        close_tree(self.root)
+
+    def _title_html(self) -> str:
+        ranks = ranks_words(self.ranks, self.num_processes)
+        attempt = f" · attempt {self.attempt + 1}" if self.attempt else ""
+        return f"<b>nbaccel</b>&nbsp;<span style='color:#5f6368'>{ranks}{attempt}</span>&nbsp;"
+
+
+def taking_part(num_processes: int, ranks: Sequence[int] | None) -> tuple[int, ...]:
+    """The ranks a launch runs, sorted: all of them unless ``ranks`` names some.
+
+    Example:
+        >>> taking_part(4, None), taking_part(4, [3, 1, 3])
+        ((0, 1, 2, 3), (1, 3))
+    """
+    return tuple(range(num_processes)) if ranks is None else tuple(sorted({int(r) for r in ranks}))
+
+
+def ranks_words(ranks: Sequence[int], num_processes: int) -> str:
+    """How the header names the ranks of a launch: a count, or which ones of how many.
+
+    Example:
+        >>> ranks_words((0, 1), 2), ranks_words((1, 3), 4), ranks_words((2,), 4)
+        ('2 ranks', 'ranks 1, 3 of 4', 'rank 2 of 4')
+    """
+    if tuple(ranks) == tuple(range(num_processes)):
+        return f"{num_processes} rank{'s' if num_processes != 1 else ''}"
+    listed = ", ".join(map(str, ranks))
+    return f"rank{'s' if len(ranks) != 1 else ''} {listed} of {num_processes}"
+
+
+def _sort_by_rank(table: dict[int, V]) -> None:
+    """Reorder ``table`` in place by rank (dicts keep insertion order; the tabs follow it)."""
+    ordered = sorted(table.items())
+    table.clear()
+    table.update(ordered)
+
+
+def tab_title(rank: int, state: RankState) -> str:
+    return f"rank {rank} · {state.short}"
+
+
+def chip_html(rank: int, state: RankState) -> str:
+    """A rounded label: symbol and words first, colour only as a second cue."""
+    background, colour, border = state.colours
+    return (
+        f"<span title='rank {rank}: {html.escape(state.long)}' style='display:inline-block;padding:0 8px;margin:1px 2px;"
+        f"border-radius:10px;font-size:12px;line-height:18px;background:{background};color:{colour};border:1px solid {border}'>"
+        f"{state.symbol} rank {rank} · {html.escape(state.long)}</span>"
+    )
+
+
+def _clock_html(text: str) -> str:
+    return f"<span style='color:#5f6368;font-size:12px'>{html.escape(text)}</span>"
+

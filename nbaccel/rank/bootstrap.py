@@ -1,0 +1,222 @@
+"""What a rank does after it is started: become a rank, run the function, report, exit.
+
+The same code serves forked ranks (called in the child right after ``os.fork``) and spawned ones
+(called by ``nbaccel.rank.spawn_entry`` after it unpickles the job).
+
+Example (what ForkStarter does)::
+
+    pid = os.fork()
+    if pid == 0:
+        run_rank(job, rank=0, env=env, ends=child_ends, close_fds=[], parent_pid=kernel_pid)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn
+
+from nbaccel.wire import frames as channel
+from nbaccel.launch import warm
+from nbaccel.rank import display_hooks as rank_hooks
+from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
+
+_EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
+_EXIT_INTERRUPTED = 130
+_PR_SET_PDEATHSIG = 1
+# Resolved in the kernel, once: a lookup in every rank would cost it a dlsym and dirty pages.
+_prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
+
+
+@dataclass
+class Job:
+    """The function every rank runs, with its positional arguments.
+
+    With ``pass_ends`` the function also gets the rank's ChildEnds first (persistent workers
+    read their commands from ``ends.commands``).
+    """
+
+    function: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    pass_ends: bool = False
+
+
+@dataclass(frozen=True)
+class ChildEnds:
+    """The write ends of one rank's pipes, as the rank sees them."""
+
+    stdout: int
+    stderr: int
+    channel: int
+    commands: int | None = None  # read end of the kernel's commands (persistent workers only)
+
+
+def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
+    """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code."""
+    exit_code = _EXIT_SETUP_FAILED
+    modules_at_start = warm.present()
+    try:
+        _detach_from_kernel(parent_pid, close_fds)
+        redirect_stdio(ends.stdout, ends.stderr)
+        faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
+        os.environ.update(env)
+        _forget_kernel_state()
+        _pin_device(env)
+        rank_hooks.install(ends.channel)
+        exit_code = execute(job, ends)
+        _report_imports(modules_at_start, ends.channel)
+    except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        flush_all()
+        os._exit(exit_code)
+
+
+def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
+    """Own process group, die with the kernel, default signal handlers, no kernel fds."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # already a group or session leader (spawned with start_new_session)
+        pass
+    if _prctl is not None:
+        # The kernel may die by SIGKILL (a restart, the OOM killer): take the rank down with it.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # it died before prctl took effect
+            os._exit(_EXIT_SETUP_FAILED)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _forget_kernel_state() -> None:
+    """Drop process state a fork copied from the kernel (a notebook PartialState, say)."""
+    if any(name in sys.modules for name in ("nbaccel.state.partial", "nbaccel.state.accelerator", "nbaccel.state.gradient")):
+        from nbaccel.state import reset_all_states
+
+        reset_all_states()
+    acc_state = sys.modules.get("accelerate.state")
+    if acc_state is not None:
+        try:
+            acc_state.AcceleratorState._reset_state(True)
+            acc_state.GradientState._reset_state()
+        except Exception:  # noqa: BLE001 - best effort: only older/newer Accelerate lacks these
+            pass
+    torch_cuda = sys.modules.get("torch.cuda")
+    if torch_cuda is not None and hasattr(torch_cuda, "_cached_device_count"):
+        torch_cuda._cached_device_count = None  # type: ignore[attr-defined]  # CUDA_VISIBLE_DEVICES may differ
+
+
+def _pin_device(env: dict[str, str]) -> None:
+    if env.get("NBACCEL_DEVICE_TYPE") == "cuda":
+        import torch
+
+        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+
+
+def execute(job: Job, ends: ChildEnds) -> int:
+    """Call the function, send its result or its error on the channel; the exit code."""
+    args = (ends, *job.args) if job.pass_ends else job.args
+    code = call_and_report(lambda: job.function(*args), ends.channel)
+    if code == 0:
+        _leave_process_group(ends.commands)
+    return code
+
+
+def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
+    """Run ``call``; send RESULT (its value) or ERROR on the channel. 0 when it returned.
+
+    Otherwise the exit code a rank that ended this way should have: 1 for an exception,
+    130 for KeyboardInterrupt, the code of a SystemExit (whose code 0 counts as returning None).
+    """
+    try:
+        value = call()
+        rank_hooks.finish()  # figures still open are shown, as at the end of a cell
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code != 0:
+            return code
+        value = None
+    except KeyboardInterrupt as exc:
+        _send_error(channel_fd, exc)
+        return _EXIT_INTERRUPTED
+    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported
+        _send_error(channel_fd, exc)
+        return 1
+    try:
+        payload = channel.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure
+        _send_unpicklable(channel_fd, value, exc)
+        return 1
+    channel.send_bytes(channel_fd, channel.Kind.RESULT, payload)
+    return 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)  # sys.exit("message") prints the message, as Python does
+    return 1
+
+
+def _send_error(channel_fd: int, exc: BaseException) -> None:
+    # Skip nbaccel's own frames: the traceback starts in the user's code.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("nbaccel."):
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    channel.send(
+        channel_fd,
+        channel.Kind.ERROR,
+        {"type_name": type(exc).__qualname__, "message": str(exc), "traceback": text, "timestamp": time.time()},
+    )
+
+
+def _send_unpicklable(channel_fd: int, value: Any, exc: Exception) -> None:
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    message = (
+        f"the return value (a {kind}) cannot be pickled to send it back to the kernel: {exc}. "
+        "Return plain data instead (numbers, lists, dicts, CPU tensors, state_dict()), "
+        "or save it to a file and return the path."
+    )
+    channel.send(
+        channel_fd,
+        channel.Kind.ERROR,
+        {"type_name": "UnpicklableResultError", "message": message, "traceback": "", "timestamp": time.time()},
+    )
+
+
+def _report_imports(at_start: set[str], channel_fd: int) -> None:
+    imported = warm.imported_by_rank(at_start)
+    if imported:
+        channel.send(channel_fd, channel.Kind.IMPORTED, sorted(imported))
+
+
+def _leave_process_group(release_fd: int | None) -> None:
+    """Tear down a process group the function created (the launcher owns teardown).
+
+    First wait for the kernel's word that every rank has returned: a rank that leaves while a
+    peer is still connecting its gloo mesh makes that peer fail ("Connection closed by peer").
+    The kernel kills the waiting ranks instead if another rank fails, so this never hangs.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if release_fd is not None:
+        os.read(release_fd, 1)
+    dist.destroy_process_group()

@@ -1,0 +1,187 @@
+"""Rank side of rich output: hooks installed in a rank so display(), figures and progress bars
+reach the kernel as channel events (ipykernel drops what a forked child sends itself).
+
+What ``install`` sets up, in the rank only:
+  - a ``started`` event, so the kernel knows the rank is up;
+  - IPython's display publisher replaced by one that sends ``display`` / ``clear_output``
+    events: ``display(HTML(...))``, images, pandas tables, matplotlib's inline ``plt.show()``.
+    A spawned rank has no IPython shell; one is created (without history) when the rank
+    first imports IPython, so ``display()`` works there too instead of printing a repr;
+  - comms (ipywidgets) made silent: a forked child writing to the kernel's zmq sockets could
+    corrupt them, and the frontend would never see its widgets anyway;
+  - tqdm bars as ``progress`` events (``nbaccel.rank.progress_hooks``).
+
+Installing costs a forked rank little (every rank of every launch pays it): what can be made
+ahead is made in the kernel, once (the publisher object, the pickled ``started`` event) or just
+before each fork (``prepare``: tqdm's patched methods), and inherited by the fork.
+
+Example (what the worker does right after redirecting stdio)::
+
+    rank_hooks.install(channel_fd)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from typing import Any
+
+from nbaccel.wire import frames as channel
+from nbaccel.wire import events
+from nbaccel.rank import progress_hooks as rank_progress
+from nbaccel.rank.import_hooks import when_imported
+
+_state: dict[str, Any] = {"fd": None}
+
+
+def install(channel_fd: int) -> None:
+    """Install the rank's rich-output hooks, sending events on ``channel_fd``.
+
+    Plain text needs no hook: it flows through the stdout/stderr pipes.
+    """
+    _state["fd"] = channel_fd
+    channel.send_bytes(channel_fd, channel.Kind.EVENT, started_payload(os.getpid()))
+    when_imported("comm", _silence_comms)
+    when_imported("IPython", _publish_displays)
+    rank_progress.install(channel_fd)
+
+
+def prepare() -> None:
+    """Kernel side, before a fork: build what the ranks would otherwise each build themselves.
+
+    Registered with ``os.register_at_fork`` (so it also covers a library imported after
+    nbaccel); idempotent and a few dictionary lookups once done.
+
+    Example:
+        >>> prepare()  # nothing to see: tqdm's patched methods are ready if tqdm is imported
+    """
+    try:
+        rank_progress.prepare()
+    except Exception:  # noqa: BLE001 - a fork must never fail for this; the rank builds them itself
+        pass
+
+
+# The started event, pickled once with a placeholder pid that the rank overwrites: a forked
+# rank then sends it without building a dict or running the pickler. The placeholder is above
+# any pid Linux hands out (pid_max <= 2**22) and pickles as a 4-byte int (BININT), as every pid will.
+_PID_PLACEHOLDER = 0x7EADBEEF
+_PID_FIELD = pickle.BININT + struct.pack("<i", _PID_PLACEHOLDER)
+
+
+def _started_template() -> tuple[bytes, bytes] | None:
+    """The pickled ``started`` event split around its pid field; None if the pickler's output
+    does not have the expected form (then each rank pickles its own)."""
+    head, found, tail = channel.dumps(events.started_event(_PID_PLACEHOLDER)).partition(_PID_FIELD)
+    return (head, tail) if found and _PID_FIELD not in tail else None
+
+
+_STARTED = _started_template()
+
+
+def started_payload(pid: int) -> bytes:
+    """The pickled ``started`` event of ``pid``, as ``channel.dumps(events.started_event(pid))``.
+
+    Example:
+        >>> channel.loads(started_payload(4194304)) == events.started_event(4194304)
+        True
+    """
+    if _STARTED is None or not 0 <= pid < 2**31:
+        return channel.dumps(events.started_event(pid))
+    head, tail = _STARTED
+    return head + pickle.BININT + struct.pack("<i", pid) + tail
+
+
+def finish() -> None:
+    """Show matplotlib figures still open, as a cell does when it ends (call before the result).
+
+    Only the inline backend is flushed: with any other backend figures were never meant to be
+    shown in the notebook.
+    """
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    inline = sys.modules.get("matplotlib_inline.backend_inline")
+    if pyplot is None or inline is None or _state["fd"] is None:
+        return
+    try:
+        if "inline" in str(pyplot.get_backend()) and pyplot.get_fignums():
+            inline.show(close=True)
+    except Exception as exc:  # noqa: BLE001 - a figure that cannot render must not lose the result
+        print(f"nbaccel: could not show the rank's open figures ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _silence_comms(comm_module: Any) -> None:
+    if getattr(comm_module, "DummyComm", None) is not None:
+        comm_module.create_comm = _create_dummy_comm
+
+
+def _create_dummy_comm(*args: Any, **kwargs: Any) -> Any:
+    """``comm.create_comm`` in a rank: a comm that sends nothing (defined here, not per rank)."""
+    return sys.modules["comm"].DummyComm(*args, **kwargs)
+
+
+def _publish_displays(ipython_module: Any) -> None:
+    # The package's own name for the class: an import statement costs a fresh fork ~50 µs.
+    shell_class = ipython_module.InteractiveShell
+    if not shell_class.initialized():
+        _start_quiet_shell(shell_class)
+    # A plain attribute of the shell (not a trait), so any object with the publisher's methods
+    # will do: IPython.display's display(), update_display() and clear_output() call only these.
+    shell_class.instance().display_pub = _PUBLISHER
+
+
+def _start_quiet_shell(shell_class: Any) -> None:
+    """A spawned rank's own IPython shell: only so display() formats and publishes (no history)."""
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False
+    shell_class.instance(config=config)
+
+
+class RankDisplayPublisher:
+    """Sends every display, update and clear to the kernel as a channel event.
+
+    Duck-types IPython's ``DisplayPublisher`` rather than subclassing it: a traitlets class
+    costs a forked rank about a millisecond to build and instantiate, this one nothing (it is
+    made once, in the kernel, and inherited by every fork).
+
+    Example (in a rank, after ``install``)::
+
+        display(HTML("<b>hi</b>"))  # -> publish({"text/html": ..., "text/plain": ...}, {})
+    """
+
+    is_publishing = False  # read by IPython's output capture while it tees stdout
+    _in_post_execute = False  # read by ipykernel's display history
+
+    def publish(
+        self,
+        data: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        source: Any = None,
+        *,
+        transient: dict[str, Any] | None = None,
+        update: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        display_id = (transient or {}).get("display_id")
+        _send(events.display_event(data, metadata, display_id, update))
+
+    def clear_output(self, wait: bool = False) -> None:
+        _send(events.clear_event(wait))
+
+
+_PUBLISHER = RankDisplayPublisher()
+
+
+def _send(event: dict[str, Any]) -> None:
+    fd = _state["fd"]
+    if fd is None:
+        return
+    try:
+        channel.send(fd, channel.Kind.EVENT, event)
+    except Exception as exc:  # noqa: BLE001 - unpicklable metadata, say: show why, keep running
+        print(f"nbaccel: could not forward a display to the kernel ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+os.register_at_fork(before=prepare)

@@ -1,0 +1,1 @@
+"""What crosses between a rank and the kernel: framed events, and functions carried by value."""

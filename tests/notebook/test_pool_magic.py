@@ -1,0 +1,318 @@
+"""%distributed and %%distributed's routing, in a real IPython shell with a stand-in worker pool.
+
+The stand-in runs each task in-process, once per rank, after a cloudpickle round trip (as the
+real pool sends it), so names persist per rank exactly as on real workers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from types import SimpleNamespace
+from typing import Any
+
+import cloudpickle
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbaccel
+from nbaccel.notebook import pool_commands as worker_commands
+from nbaccel.notebook.cell import LazyState
+from nbaccel.notebook.session import NotebookWorkers
+from nbaccel.pool import WorkerStatus
+
+from .conftest import Launches
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakePool:
+    """What the magics use of a WorkerPool; every rank's namespace lives in this process."""
+
+    def __init__(self, num_processes: int = 2, **options: Any) -> None:
+        self.options = options
+        self.starter = SimpleNamespace(start_method=options.get("start_method", "fork"))
+        self.num_processes = num_processes
+        self.devices = ["cpu"] * num_processes
+        self.alive = True
+        self.restarted = 0
+        self.namespaces: list[dict[str, Any]] = [{"state": LazyState()} for _ in range(num_processes)]
+        self.calls: list[dict[str, Any]] = []
+
+    def run_task(self, task: Any, ranks: Any = None, timeout: Any = None, output: Any = None, label: str = "") -> Any:
+        self.calls.append({"ranks": ranks, "timeout": timeout, "output": output, "label": label})
+        task = pickle.loads(cloudpickle.dumps(task))
+        chosen = range(self.num_processes) if ranks is None else ranks
+        answers = {rank: self._on_rank(rank, task) for rank in chosen}
+        self.last_answers = answers
+        return [answers[rank] for rank in chosen] if ranks is None else answers
+
+    def _on_rank(self, rank: int, task: Any) -> Any:
+        saved = os.environ.get("RANK")
+        os.environ["RANK"] = str(rank)
+        try:
+            return pickle.loads(cloudpickle.dumps(task(self.namespaces[rank])))
+        finally:
+            os.environ.pop("RANK") if saved is None else os.environ.__setitem__("RANK", saved)
+
+    def push(self, **values: Any) -> None:
+        for namespace in self.namespaces:
+            namespace.update(values)
+
+    def pull(self, name: str, rank: int = 0) -> Any:
+        if name not in self.namespaces[rank]:
+            raise nbaccel.RankFailedError.__new__(nbaccel.RankFailedError)
+        return self.namespaces[rank][name]
+
+    def status(self) -> list[WorkerStatus]:
+        return [WorkerStatus(r, 1000 + r, "cpu", "idle", 100.0, None, self.calls[-1]["label"] if self.calls else "") for r in range(self.num_processes)]
+
+    def stop(self) -> None:
+        self.alive = False
+
+    def restart(self) -> FakePool:
+        self.alive, self.restarted = True, self.restarted + 1
+        self.namespaces = [{"state": LazyState()} for _ in range(self.num_processes)]
+        return self
+
+
+def magics_workers(ip: InteractiveShell) -> NotebookWorkers:
+    return ip.magics_manager.registry["DistributedMagics"].workers
+
+
+@pytest.fixture
+def started(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> list[FakePool]:
+    """``nbaccel.start_workers`` replaced by FakePool; the pools it made (stopped afterwards)."""
+    made: list[FakePool] = []
+
+    def fake_start(num_processes: int | None = None, **options: Any) -> FakePool:
+        made.append(FakePool(num_processes or 2, **options))
+        return made[-1]
+
+    monkeypatch.setattr(nbaccel, "start_workers", fake_start, raising=False)
+    yield made
+    workers = magics_workers(ip)
+    workers.pool, workers.mode = None, None
+
+
+@pytest.fixture
+def pool(ip: InteractiveShell, started: list[FakePool]) -> FakePool:
+    ip.run_line_magic("distributed", "start -n 2")
+    return started[0]
+
+
+def cell(ip: InteractiveShell, code: str) -> Any:
+    result = ip.run_cell(code, store_history=True)
+    if result.error_in_exec is not None:
+        raise result.error_in_exec
+    if result.error_before_exec is not None:
+        raise result.error_before_exec
+    return result.result
+
+
+# -- %distributed: parsing ------------------------------------------------------------------------
+
+
+def test_commands_and_options_are_parsed() -> None:
+    args = worker_commands.parse("start -n 4 --gpus 0,1,2,3 --mixed-precision bf16 --start-method spawn --cpu")
+    assert (args.command, args.num_processes, args.gpus, args.mixed_precision, args.start_method, args.cpu) == ("start", 4, (0, 1, 2, 3), "bf16", "spawn", True)
+    assert worker_commands.parse("push a b").names == ["a", "b"]
+    pull = worker_commands.parse("pull w --rank 1 -o weights")
+    assert (pull.name, pull.rank, pull.out) == ("w", 1, "weights")
+    assert worker_commands.parse("pull w").rank == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("", "%distributed needs a command: start, stop, restart, status, push, pull"),
+        ("launch", "invalid choice: 'launch'"),
+        ("start -n 0", "expected a whole number >= 1, got '0'"),
+        ("start --gpus a,b", "expected device indices"),
+        ("start --mixed-precision fp3", "invalid choice: 'fp3'"),
+        ("stop now", "unrecognized arguments: now"),
+        ("push", "required: NAME"),
+        ("push 1x", "expected a Python variable name, got '1x'"),
+        ("pull x --rank -1", "expected a whole number >= 0, got '-1'"),
+        ("pull 'x", "No closing quotation"),
+    ],
+)
+def test_wrong_input_is_a_one_line_usage_error(ip: InteractiveShell, started: list[FakePool], line: str, words: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("distributed", line)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+    assert started == []
+
+
+def test_help_explains_every_command_and_option(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_cell("%distributed?")
+    text = capsys.readouterr().out
+    for words in ("start", "stop", "restart", "status", "push", "pull", "--num-processes N", "--gpus", "--mixed-precision", "--start-method", "--rank R", "--out TARGET"):
+        assert words in text, words
+
+
+def test_both_magics_are_registered(ip: InteractiveShell) -> None:
+    assert ip.find_cell_magic("distributed") is not None and ip.find_line_magic("distributed") is not None
+
+
+# -- %distributed: commands -----------------------------------------------------------------------
+
+
+def test_start_passes_the_options_and_the_notebooks_namespace(ip: InteractiveShell, started: list[FakePool], capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("distributed", "start -n 3 --mixed-precision bf16 --cpu")
+    assert started[0].num_processes == 3
+    assert started[0].options == {"cpu": True, "mixed_precision": "bf16", "namespace": ip.user_ns}
+    assert "nbaccel: 3 workers ready on cpu in" in capsys.readouterr().out
+
+
+def test_start_while_workers_run_says_to_stop_or_restart_first(ip: InteractiveShell, pool: FakePool) -> None:
+    with pytest.raises(UsageError, match=r"2 workers are already running: %distributed stop first \(or %distributed restart"):
+        ip.run_line_magic("distributed", "start")
+
+
+def test_spawned_workers_say_their_namespaces_start_empty(ip: InteractiveShell, started: list[FakePool], capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("distributed", "start --start-method spawn")
+    assert "spawned workers start with empty namespaces: %distributed push what the cells need" in capsys.readouterr().out
+
+
+def test_what_start_refuses_before_forking_is_a_usage_error(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("num_processes=4 but only 2 GPU(s) are visible")
+
+    monkeypatch.setattr(nbaccel, "start_workers", refuse, raising=False)
+    with pytest.raises(UsageError, match=r"^%distributed start: num_processes=4 but only 2 GPU\(s\) are visible$"):
+        ip.run_line_magic("distributed", "start -n 4")
+
+
+def test_stop_restart_and_status(ip: InteractiveShell, pool: FakePool, capsys: pytest.CaptureFixture[str]) -> None:
+    cell(ip, "%%distributed\nkept = 1")
+    ip.run_line_magic("distributed", "status")
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["rank", "pid", "device", "state", "memory", "last", "cell"]
+    assert table[1].split() == ["0", "1000", "cpu", "idle", "100", "MiB", "kept", "=", "1"]
+    ip.run_line_magic("distributed", "restart")
+    assert pool.restarted == 1 and "fresh namespaces" in capsys.readouterr().out
+    ip.run_line_magic("distributed", "stop")
+    assert not pool.alive and "2 workers stopped" in capsys.readouterr().out
+    ip.run_line_magic("distributed", "status")
+    assert capsys.readouterr().out == "nbaccel: no workers running: start them with %distributed start [-n N]\n"
+    with pytest.raises(UsageError, match="no workers to restart"):
+        ip.run_line_magic("distributed", "restart")
+
+
+@pytest.mark.parametrize("line", ["push x", "pull x"])
+def test_push_and_pull_need_running_workers(ip: InteractiveShell, started: list[FakePool], line: str) -> None:
+    ip.user_ns["x"] = 1
+    with pytest.raises(UsageError, match=r"^no workers running: start them with %distributed start \[-n N\]\.$"):
+        ip.run_line_magic("distributed", line)
+
+
+def test_push_sends_notebook_variables_to_every_rank(ip: InteractiveShell, pool: FakePool) -> None:
+    ip.user_ns.update(a=1, b=[2])
+    ip.run_line_magic("distributed", "push a b")
+    assert all(ns["a"] == 1 and ns["b"] == [2] for ns in pool.namespaces)
+    with pytest.raises(UsageError, match="'undefined_name' is not defined in the notebook"):
+        ip.run_line_magic("distributed", "push a undefined_name")
+
+
+def test_push_of_an_unpicklable_object_names_it(ip: InteractiveShell, pool: FakePool, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(**values: Any) -> None:
+        raise TypeError("cannot push 'lock': a lock cannot be pickled")
+
+    monkeypatch.setattr(pool, "push", refuse)
+    ip.user_ns["lock"] = object()
+    with pytest.raises(UsageError, match="^%distributed push: cannot push 'lock': a lock cannot be pickled$"):
+        ip.run_line_magic("distributed", "push lock")
+
+
+def test_pull_stores_a_ranks_variable_in_the_notebook(ip: InteractiveShell, pool: FakePool) -> None:
+    pool.namespaces[1]["w"] = "rank 1's w"
+    ip.run_line_magic("distributed", "pull w --rank 1 -o got")
+    assert ip.user_ns["got"] == "rank 1's w"
+    pool.namespaces[0]["w"] = "rank 0's w"
+    ip.run_line_magic("distributed", "pull w")
+    assert ip.user_ns["w"] == "rank 0's w"
+    with pytest.raises(UsageError, match=r"--rank 2 is outside the 2 workers \(ranks 0\.\.1\)"):
+        ip.run_line_magic("distributed", "pull w --rank 2")
+
+
+def test_unloading_the_extension_stops_the_workers(ip: InteractiveShell, pool: FakePool, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("unload_ext", "nbaccel")
+    ip.run_line_magic("load_ext", "nbaccel")
+    assert not pool.alive
+    assert "stopped the 2 workers of the unloaded extension" in capsys.readouterr().err
+
+
+# -- %%distributed: routing -----------------------------------------------------------------------
+
+
+def test_with_workers_cells_run_on_them_and_names_persist_per_rank(ip: InteractiveShell, pool: FakePool, launches: Launches) -> None:
+    assert cell(ip, "%%distributed\nimport os\nmine = int(os.environ['RANK']) * 10\nmine + 1") == 1
+    assert cell(ip, "%%distributed -o everyone\nmine + 2") == 2
+    assert ip.user_ns["everyone"] == [2, 12]
+    assert "mine" not in ip.user_ns and launches == []
+    assert pool.calls[0] == {"ranks": None, "timeout": None, "output": None, "label": "import os"}
+
+
+def test_only_rank_0s_value_travels_unless_out_asks_for_all(ip: InteractiveShell, pool: FakePool) -> None:
+    assert cell(ip, "%%distributed\nimport os\nsent = os.environ['RANK']\nsent") == "0"
+    assert [ns["sent"] for ns in pool.namespaces] == ["0", "1"]
+    assert pool.last_answers == {0: "0", 1: None}  # rank 1's value stayed on rank 1
+    cell(ip, "%%distributed -o everyone\nsent")
+    assert pool.last_answers == {0: "0", 1: "1"}
+
+
+def test_ranks_runs_on_some_ranks_result_is_the_lowest_and_out_a_dict(ip: InteractiveShell, started: list[FakePool]) -> None:
+    ip.run_line_magic("distributed", "start -n 4")
+    pool = started[0]
+    assert cell(ip, "%%distributed --ranks 3,1 -o by_rank\nimport os\nran = True\nint(os.environ['RANK']) * 100") == 100
+    assert ip.user_ns["by_rank"] == {1: 100, 3: 300}
+    assert ["ran" in ns for ns in pool.namespaces] == [False, True, False, True]
+    assert pool.calls[-1]["ranks"] == (1, 3)
+
+
+def test_timeout_and_output_options_reach_the_workers(ip: InteractiveShell, pool: FakePool) -> None:
+    cell(ip, "%%distributed --timeout 2.5 --text\n1")
+    assert pool.calls[-1]["timeout"] == 2.5 and pool.calls[-1]["output"] == "text"
+
+
+@pytest.mark.parametrize("line", ["-n 2", "--gpus 0", "--cpu", "--mixed-precision bf16", "--start-method fork", "--max-restarts 1"])
+def test_one_shot_options_with_workers_running_are_a_usage_error(ip: InteractiveShell, pool: FakePool, line: str) -> None:
+    spelled = line.split()[0]
+    with pytest.raises(UsageError, match=rf"^{spelled} only apply to one-shot launches, but 2 workers are running"):
+        cell(ip, f"%%distributed {line}\n1")
+    assert pool.calls == []
+
+
+def test_ranks_outside_the_workers_are_a_usage_error(ip: InteractiveShell, pool: FakePool) -> None:
+    with pytest.raises(UsageError, match=r"^--ranks 1,2: rank\(s\) 2 are outside the 2 running workers \(ranks 0\.\.1\)\.$"):
+        cell(ip, "%%distributed --ranks 1,2\n1")
+
+
+def test_ranks_without_workers_is_a_usage_error_and_nothing_starts(ip: InteractiveShell, started: list[FakePool], launches: Launches) -> None:
+    with pytest.raises(UsageError, match=r"^--ranks 0 needs running workers, and none are running: start them with %distributed start -n N"):
+        cell(ip, "%%distributed --ranks 0\n1")
+    assert launches == []
+
+
+def test_a_one_shot_launch_says_so_once_and_again_after_workers_stop(ip: InteractiveShell, started: list[FakePool], launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
+    magics_workers(ip).mode = None  # a fresh session
+    cell(ip, "%%distributed -n 2\n1")
+    assert capsys.readouterr().err == "nbaccel: no workers running; one-shot launch of 2 ranks\n"
+    cell(ip, "%%distributed\n1")
+    assert capsys.readouterr().err == ""  # no news, no line
+    ip.run_line_magic("distributed", "start")
+    cell(ip, "%%distributed\n1")
+    started[0].alive = False  # torn down after a failure
+    cell(ip, "%%distributed\n1")
+    assert capsys.readouterr().err == "nbaccel: no workers running (stopped after a failure); one-shot launch\n"
+    assert len(launches) == 3
+
+
+def test_a_syntax_error_on_workers_is_raised_in_the_kernel_and_nothing_runs(ip: InteractiveShell, pool: FakePool) -> None:
+    from nbaccel.notebook.magics import CellSyntaxError
+
+    with pytest.raises(CellSyntaxError, match=r"line 3 of the cell"):
+        cell(ip, "%%distributed\nok = 1\nx = (\n")
+    assert pool.calls == []
