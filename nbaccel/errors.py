@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-from nbaccel.launch.outcome import RankOutcome
+if TYPE_CHECKING:  # errors.py is imported by every layer: it imports none of them at run time
+    from nbaccel.launch.outcome import RankOutcome
 
 
 class NbaccelError(Exception):
@@ -96,13 +98,25 @@ class LaunchTimeoutError(NbaccelError, TimeoutError):
     ``running`` maps each rank that was still running to its last output line.
     """
 
-    def __init__(self, timeout: float, running: dict[int, str], outcomes: list[RankOutcome]) -> None:
+    def __init__(self, timeout: float, running: dict[int, str], outcomes: list[RankOutcome], what: str = "launch", option: str = "timeout") -> None:
         self.timeout = timeout
         self.running = running
         self.outcomes = outcomes
         lines = [f"  rank {rank}: last output: {line!r}" if line else f"  rank {rank}: no output yet" for rank, line in running.items()]
         super().__init__(
-            f"launch timed out after {timeout:g} s and was stopped; ranks still running:\n"
+            f"{what} timed out after {timeout:g} s and was stopped; ranks still running:\n"
             + "\n".join(lines)
-            + "\nRaise timeout= (or pass timeout=None) if the work needs longer, or look at why those ranks hang."
+            + f"\nRaise {option}= (or pass {option}=None) if the work needs longer, or look at why those ranks hang."
         )
+
+
+class FrameError(NbaccelError):
+    """An event frame this nbaccel cannot read: another format version, or an unknown kind.
+
+    Both ends of a local stream are the same nbaccel, so this means a corrupted stream (or mixed
+    installations across machines): the rank is treated as failed rather than its bytes guessed at.
+    """
+
+
+class EngineStateError(NbaccelError):
+    """nbaccel's engine was asked to do something out of order (a bug in nbaccel: please report it)."""

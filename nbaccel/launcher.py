@@ -6,19 +6,17 @@ The function validates, decides, and hands over: preflight and device choice liv
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from nbaccel.launch import warm
-from nbaccel.errors import RankFailedError
-from nbaccel.launch.seam import LaunchPlan, Launcher
 from nbaccel.launch.local import LocalLauncher
-from nbaccel.launch.outcome import RankOutcome, Status, root_cause
+from nbaccel.launch.one_shot import run_launch
+from nbaccel.launch.options import LaunchOptions, check_callable
+from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
-from nbaccel.launch.plan import check_arguments, choose_starter, make_plan
 from nbaccel.rank.bootstrap import Job
 
 T = TypeVar("T")
@@ -79,27 +77,21 @@ def notebook_launcher(
         [(0, 2), (1, 2)]
     """
     started = time.monotonic()
-    check_arguments(function, args, num_processes, mixed_precision, start_method, timeout, max_restarts, master_addr)
-    plan = make_plan(num_processes, mixed_precision, use_port, master_addr, timeout, max_restarts, gpus, cpu, started)
-    launcher = LocalLauncher(choose_starter(start_method))
-    sink = make_sink(output)
+    check_callable(function, args)
+    options = LaunchOptions(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,  # type: ignore[arg-type]  # checked by LaunchOptions
+        start_method=start_method,  # type: ignore[arg-type]
+        timeout=timeout,
+        max_restarts=max_restarts,
+        gpus=None if gpus is None else tuple(gpus),
+        cpu=cpu,
+        use_port=use_port,  # type: ignore[arg-type]  # a str port is parsed by LaunchOptions
+        master_addr=master_addr,
+    )
+    plan = make_plan(options, started)
+    launcher = LocalLauncher(choose_starter(options.start_method))
     try:
-        return _run(launcher, Job(function, tuple(args)), plan, sink)
+        return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
     finally:
         warm.import_noted()
-
-
-def _run(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
-    failed_attempts: list[list[RankOutcome]] = []
-    for attempt in range(plan.max_restarts + 1):
-        outcomes = launcher.run_attempt(job, plan, attempt, sink)
-        if all(o.status is Status.SUCCEEDED for o in outcomes):
-            return [o.value for o in outcomes]
-        failed_attempts.append(outcomes)
-        if attempt < plan.max_restarts:
-            root = root_cause(outcomes)
-            summary = root.describe() if root else "a rank did not return"
-            print(f"nbaccel: attempt {attempt + 1} of {plan.max_restarts + 1} failed ({summary}); restarting all {plan.num_processes} ranks", file=sys.stderr)
-    error = RankFailedError(root_cause(failed_attempts[-1]) or failed_attempts[-1][0], failed_attempts[-1])
-    error.attempts = failed_attempts
-    raise error

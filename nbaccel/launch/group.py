@@ -1,45 +1,63 @@
-"""A group of rank processes on this machine: a private loopback rendezvous, pipes, and pids.
+"""The ranks of one node, started by the kernel: a private loopback rendezvous, pipes, and pids.
 
-Used for one attempt of a one-shot launch and for the lifetime of a persistent worker pool.
+A ``LocalRankGroup`` serves one attempt of a one-shot launch and the lifetime of a persistent
+worker pool alike. It is the ``RankGroup`` the one-node ``LocalLauncher`` hands to the event loop:
+its sources are each rank's stdout, stderr and event pipes and its pidfd.
 
 Example::
 
-    group = RankGroup.start(starter, job, plan, attempt=0)
+    group = LocalRankGroup.start(ForkStarter(), job, plan, attempt=0, persistent=False)
     try:
-        ...  # watch group.processes and group.pipes
+        EventLoop(group, sink, OneShot()).run()
     finally:
         group.close()  # SIGKILLs and reaps whatever is still running
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from nbaccel.launch.rank_env import rank_environment
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
+from nbaccel.launch.rank_env import rank_environment
 from nbaccel.launch.rendezvous import LoopbackRendezvous
-from nbaccel.launch.loop import RankWatch
-from nbaccel.rank.bootstrap import Job
 from nbaccel.launch.seam import LaunchPlan, RankStarter
+from nbaccel.rank.bootstrap import Job
+from nbaccel.wire import events
+
+if TYPE_CHECKING:
+    from nbaccel.launch.loop import EventLoop
+
+_NO_PIDFD_POLL = 0.02  # only where the OS has no pidfd: how often exits are looked for
+_STORE_ORDER = (-1, 0)  # a rank connecting to the store is served before any rank's output
 
 
-class RankGroup:
-    """Every rank process of one attempt, with the kernel's ends of their pipes."""
+class LocalRankGroup:
+    """Every rank process of one attempt (or one pool), with the kernel's ends of their pipes."""
 
     def __init__(self, rendezvous: LoopbackRendezvous) -> None:
         self.rendezvous = rendezvous
         self.processes: list[RankProcess] = []
         self.pipes: list[RankPipes] = []
+        self._loop: EventLoop | None = None
+        self._ended_streams: set[int] = set()  # fds at end of file: never watched again
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.processes)
 
     @classmethod
-    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, with_commands: bool = False, store_now: bool = True) -> RankGroup:
+    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, persistent: bool) -> LocalRankGroup:
         """Start ``plan.num_processes`` ranks running ``job``; on any failure nothing is left behind.
 
-        With ``store_now=False`` the rendezvous store is left to the caller to start (see
-        ``start_store_on_first_connection``): most short functions never make a process group.
+        A one-shot group starts its rendezvous store only when a rank first connects to it (most
+        short functions never make a process group, and the store costs milliseconds); a
+        persistent one at once, since its ranks join their group before saying READY.
         """
         group = cls(LoopbackRendezvous(plan.master_addr, plan.port))
         # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
@@ -47,21 +65,8 @@ class RankGroup:
         gc.freeze()
         try:
             for rank in range(plan.num_processes):
-                env = rank_environment(
-                    rank=rank,
-                    world_size=plan.num_processes,
-                    master_addr=group.rendezvous.address,
-                    master_port=group.rendezvous.port,
-                    device_type=plan.device_type,
-                    mixed_precision=plan.mixed_precision,
-                    restart_count=attempt,
-                    max_restarts=plan.max_restarts,
-                    visible_gpus=plan.gpus,
-                )
-                group._start_rank(starter, job, rank, env, with_commands)
-            # Started after the forks: the ranks are already starting up while the store comes up
-            # (early connections wait in the socket's backlog).
-            if store_now:
+                group._start_rank(starter, job, rank, _environment(plan, group.rendezvous, rank, attempt))
+            if persistent:  # after the forks: the ranks are starting while the store comes up
                 group.rendezvous.start_store(plan.num_processes)
         except BaseException:
             group.close()
@@ -70,8 +75,8 @@ class RankGroup:
             gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
         return group
 
-    def _start_rank(self, starter: RankStarter, job: Job, rank: int, env: dict[str, str], with_commands: bool) -> None:
-        parent_ends, child_ends = open_rank_pipes(rank, with_commands)
+    def _start_rank(self, starter: RankStarter, job: Job, rank: int, env: dict[str, str]) -> None:
+        parent_ends, child_ends = open_rank_pipes(rank, with_commands=True)
         self.pipes.append(parent_ends)
         # The rank must not hold the kernel's ends of any rank's pipes (EOF would never come),
         # nor the rendezvous socket (the port would outlive the launch).
@@ -84,17 +89,109 @@ class RankGroup:
             close_child_ends(child_ends)
         self.processes.append(RankProcess(rank, pid))
 
-    def start_store_on_first_connection(self, watch: RankWatch) -> None:
-        """Start the store only when a rank first connects to it (it costs milliseconds)."""
-        fd = self.rendezvous.listen_fd
-        if fd is None:
+    # -- feeding the loop ------------------------------------------------------------------------
+
+    def attach(self, loop: EventLoop) -> None:
+        self._loop = loop
+        if self.rendezvous.listen_fd is not None and not self.rendezvous.store_started:
+            loop.add_reader(self.rendezvous.listen_fd, self._start_store, _STORE_ORDER)
+        for proc, pipes in zip(self.processes, self.pipes):
+            if proc.returncode is not None:
+                continue
+            sources = ((pipes.channel, self._on_events), (pipes.stdout, self._on_stdout), (pipes.stderr, self._on_stderr), (proc.pidfd, self._on_pidfd))
+            for order, (fd, handler) in enumerate(sources):
+                if fd is not None and fd not in self._ended_streams:
+                    loop.add_reader(fd, functools.partial(handler, proc.rank), (proc.rank, order))
+
+    def detach(self, loop: EventLoop) -> None:
+        self._loop = None
+
+    def poll(self) -> float | None:
+        """Where the OS has no pidfd, look for ranks that ended; None when pidfds tell us."""
+        waiting = False
+        for proc in self.processes:
+            if proc.pidfd is None and proc.returncode is None:
+                if proc.poll() is not None:
+                    self._on_pidfd(proc.rank)
+                else:
+                    waiting = True
+        return _NO_PIDFD_POLL if waiting else None
+
+    def _start_store(self) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(self.rendezvous.listen_fd)  # type: ignore[arg-type]  # before the store takes it
+        self.rendezvous.start_store(self.num_processes)
+
+    def _on_stdout(self, rank: int) -> None:
+        self._read_stream(rank, self.pipes[rank].stdout, "stdout")
+
+    def _on_stderr(self, rank: int) -> None:
+        self._read_stream(rank, self.pipes[rank].stderr, "stderr")
+
+    def _read_stream(self, rank: int, fd: int, stream: str) -> None:
+        assert self._loop is not None
+        if not self.pipes[rank].read_stream(fd, stream, self._loop.lines):
+            self._end_stream(fd)
+
+    def _on_events(self, rank: int) -> None:
+        loop, pipes = self._loop, self.pipes[rank]
+        assert loop is not None
+        decoded, open_ = pipes.read_channel()
+        if not open_:
+            self._end_stream(pipes.channel)
+        for event in decoded:
+            loop.event(rank, event)
+
+    def _on_pidfd(self, rank: int) -> None:
+        loop, proc, pipes = self._loop, self.processes[rank], self.pipes[rank]
+        assert loop is not None
+        code = proc.poll()
+        if code is None:
             return
+        for fd in (*pipes.fds, proc.pidfd):
+            if fd is not None:
+                loop.remove_reader(fd)
+        for event in pipes.drain(loop.lines):
+            loop.event(rank, event)
+        loop.exited(rank, code)
 
-        def start() -> None:
-            watch.remove_reader(fd)  # before the store takes the socket over
-            self.rendezvous.start_store(len(self.processes))
+    def _end_stream(self, fd: int) -> None:
+        self._ended_streams.add(fd)
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
 
-        watch.add_reader(fd, start)
+    # -- acting on the ranks ---------------------------------------------------------------------
+
+    def signal(self, sig: int, ranks: Iterable[int]) -> None:
+        for rank in ranks:
+            self.processes[rank].send(sig)
+
+    def returncode(self, rank: int) -> int | None:
+        return self.processes[rank].poll()
+
+    def was_signalled(self, rank: int) -> bool:
+        return bool(self.processes[rank].signals_sent)
+
+    def last_lines(self, rank: int) -> list[str]:
+        return list(self.pipes[rank].last_lines)
+
+    def pid(self, rank: int) -> int:
+        return self.processes[rank].pid
+
+    def release(self) -> None:
+        for pipes in self.pipes:
+            if pipes.commands is None:
+                continue
+            try:
+                os.write(pipes.commands, b"\0")
+            except OSError:  # the rank had no process group and is already gone
+                pass
+
+    def send(self, rank: int, kind: events.Kind, payload: bytes) -> None:
+        fd = self.pipes[rank].commands
+        if fd is None:
+            raise OSError(f"rank {rank} has no command stream")
+        events.send_bytes(fd, kind, payload, defer_sigint=False)
 
     def kill(self) -> None:
         """SIGKILL every rank not yet reaped, and reap it."""
@@ -115,3 +212,17 @@ class RankGroup:
             pipes.close()
         for proc in self.processes:
             proc.close()
+
+
+def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, attempt: int) -> dict[str, str]:
+    return rank_environment(
+        rank=rank,
+        world_size=plan.num_processes,
+        master_addr=rendezvous.address,
+        master_port=rendezvous.port,
+        device_type=plan.device_type,
+        mixed_precision=plan.mixed_precision,
+        restart_count=attempt,
+        max_restarts=plan.max_restarts,
+        visible_gpus=plan.gpus,
+    )

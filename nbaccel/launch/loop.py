@@ -1,189 +1,255 @@
-"""The kernel's event loop over a group of ranks: their pipes, their exits, and timed signals.
+"""The one event loop of the engine: a group's output to the sink, its events to a policy, its exits to outcomes.
 
-One loop, in the thread that launched (the cell's), waits on every rank's pipes and pidfd at once:
-no polling sleeps, no threads. Rank 0's events are handled first whenever several are ready.
-What the loop is for (a one-shot launch, one cell on persistent workers) is a policy given by a
-subclass: how frames are handled, what a rank's exit means, and when the loop is done.
+Every launch mode runs this loop: a one-shot launch (policy ``OneShot``), the start of persistent
+workers (``Ready``) and one task on them (``Task``). The loop runs in the thread that launched
+(the cell's): it waits on every source the group registered at once, with no polling sleeps and
+no threads, and handles rank 0's events first whenever several are ready. It owns what every
+mode shares: decoding answers and exits into ``RankOutcome``s (``nbaccel.launch.outcome``), the
+deadline and what each running rank last printed when it passes, timed escalations of signals,
+interrupts, and the sink's clock. A policy only decides what an event means for its mode.
 
 Example::
 
-    class UntilAllExit(RankWatch):
-        def done(self) -> bool:
-            return all(p.returncode is not None for p in self.processes)
+    loop = EventLoop(group, sink, OneShot(), deadline=plan.deadline)
+    loop.run()
+    loop.outcome_list()  # every rank's RankOutcome, by rank
 """
 
 from __future__ import annotations
 
 import selectors
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from nbaccel.wire import frames as channel
 from nbaccel.launch import warm
-from nbaccel.launch.pipes import RankPipes
+from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
+from nbaccel.launch.seam import RankGroup
 from nbaccel.output.sinks import Sink
-from nbaccel.launch.processes import RankProcess
+from nbaccel.wire.events import Event, Kind
 
-_NO_PIDFD_POLL = 0.02  # only where the OS has no pidfd: how often exits are looked for
-
-Handler = Callable[[int], None]
+Order = tuple[int, int]  # (rank, source): rank 0 first, and its channel before its stdout
 
 
-class RankWatch:
-    """Relays output and frames of ``processes`` to ``sink`` until ``done()``; schedules signals."""
+class Policy:
+    """What one launch mode makes of the loop's events. Every hook may be left as it is."""
 
-    def __init__(self, processes: list[RankProcess], pipes: list[RankPipes], sink: Sink) -> None:
-        self.processes = processes
-        self.pipes = pipes
-        self.sink = sink
-        self._signals: list[tuple[float, int, list[RankProcess]]] = []  # (when, signal, to whom)
-        self._selector = selectors.DefaultSelector()
-        self._registered = False
-
-    # -- policy: subclasses override ---------------------------------------------------------
-
-    def done(self) -> bool:
+    def done(self, loop: EventLoop) -> bool:
         raise NotImplementedError
 
-    def on_frame(self, rank: int, kind: channel.Kind, payload: bytes) -> None:
-        if kind is channel.Kind.EVENT:
-            self.sink.event(rank, channel.loads(payload))
-        elif kind is channel.Kind.IMPORTED:
-            warm.note(channel.loads(payload))
+    def on_ready(self, loop: EventLoop, rank: int, info: dict[str, object]) -> None:
+        """``rank`` joined its process group and waits for tasks (persistent workers)."""
 
-    def on_exit(self, rank: int) -> None:
-        """``rank`` was reaped and its pipes drained."""
+    def on_answer(self, loop: EventLoop, outcome: RankOutcome, raised: bool) -> None:
+        """``outcome.rank`` returned a value, or ``raised`` (its outcome holds the error)."""
 
-    def next_deadline(self) -> float | None:
-        """The policy's next time.monotonic() moment to be woken at (a timeout), if any."""
+    def on_exit(self, loop: EventLoop, outcome: RankOutcome) -> None:
+        """``outcome.rank``'s process ended and its output was drained."""
+
+    def on_timeout(self, loop: EventLoop) -> None:
+        """The loop's deadline passed (``loop.running_at_timeout`` says where each rank was)."""
+
+    def on_interrupt(self, loop: EventLoop) -> None:
+        """The kernel was interrupted; raise to abandon the loop, else it runs on until done."""
+        raise KeyboardInterrupt
+
+    def on_second_interrupt(self, loop: EventLoop) -> None:
+        """Interrupted again while stopping: the loop returns after this."""
+
+    def wake_at(self) -> float | None:
+        """A time.monotonic() moment the policy wants to be woken at, if any."""
         return None
 
-    def on_clock(self, now: float) -> None:
-        """Called after every wake-up, to act on deadlines."""
+    def on_clock(self, loop: EventLoop, now: float) -> None:
+        """Called after every wake-up."""
 
-    # -- the loop --------------------------------------------------------------------------------
 
-    def loop(self) -> None:
-        """Run until ``done()``. The selector is opened on first use and kept until ``close()``."""
-        if not self._registered:
-            self._register()
-            self._registered = True
-        while not self.done():
-            events = self._selector.select(self._wait_time())
-            for key, _ in sorted(events, key=lambda e: e[0].data[0]):
+class EventLoop:
+    """Runs ``policy`` over ``group`` until it is done; ``ranks``: those taking part (default all)."""
+
+    def __init__(
+        self,
+        group: RankGroup,
+        sink: Sink,
+        policy: Policy,
+        ranks: Sequence[int] | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.group = group
+        self.sink = sink
+        self.policy = policy
+        self.ranks = list(range(group.num_processes)) if ranks is None else list(ranks)
+        self.outcomes = {rank: RankOutcome(rank) for rank in self.ranks}
+        self.deadline = deadline
+        self.timeout = timeout
+        self.stop_reason: Status | None = None
+        self.interrupted = False
+        self.timed_out = False
+        self.running_at_timeout: dict[int, str] = {}
+        self.ended: set[int] = set()  # ranks whose exit this loop delivered
+        self._signals: list[tuple[float, int, list[int]]] = []  # (when, signal, ranks)
+        self._selector = selectors.DefaultSelector()
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Until the policy is done. A first interrupt goes to the policy; a second ends the loop."""
+        self.group.attach(self)
+        try:
+            try:
+                self._spin()
+            except KeyboardInterrupt:
+                self.interrupted = True
+                self.policy.on_interrupt(self)
+                try:
+                    self._spin()
+                except KeyboardInterrupt:
+                    self.policy.on_second_interrupt(self)
+        finally:
+            self.group.detach(self)
+            self._selector.close()
+
+    def outcome_list(self) -> list[RankOutcome]:
+        return [self.outcomes[rank] for rank in self.ranks]
+
+    def running(self) -> list[int]:
+        return [rank for rank, outcome in self.outcomes.items() if outcome.status is Status.RUNNING]
+
+    def _spin(self) -> None:
+        while not self.policy.done(self):
+            ready = self._selector.select(self._wait_time())
+            for key, _ in sorted(ready, key=lambda event: event[0].data[0]):
                 if key.fd in self._selector.get_map():  # an earlier handler may have dropped it
-                    key.data[1](key.data[0][0])
-            self._poll_exits_without_pidfd()
+                    key.data[1]()
             now = time.monotonic()
-            while self._signals and self._signals[0][0] <= now:
-                _, sig, targets = self._signals.pop(0)
-                self.signal(sig, targets)
-            self._tick_sink()
-            self.on_clock(now)
-
-    def close(self) -> None:
-        self._selector.close()
-
-    def add_reader(self, fd: int, handler: Callable[[], None]) -> None:
-        """Also wake up for ``fd`` (handled before any rank's events)."""
-        self._selector.register(fd, selectors.EVENT_READ, ((-1, 0), lambda _rank: handler()))
-
-    def remove_reader(self, fd: int) -> None:
-        self._selector.unregister(fd)
-
-    def _register(self) -> None:
-        for proc, pipes in zip(self.processes, self.pipes):
-            if proc.returncode is not None:
-                continue
-            handlers: list[tuple[int | None, int, Handler]] = [
-                (pipes.channel, 0, self._on_channel),
-                (pipes.stdout, 1, self._on_stdout),
-                (pipes.stderr, 2, self._on_stderr),
-                (proc.pidfd, 3, self._on_pidfd),
-            ]
-            for fd, order, handler in handlers:
-                if fd is not None:
-                    self._selector.register(fd, selectors.EVENT_READ, ((proc.rank, order), handler))
+            self._fire_signals(now)
+            self._check_deadline(now)
+            due = _tick_in(self.sink)
+            if due is not None and due <= 0:
+                self.sink.tick()  # type: ignore[attr-defined]
+            self.policy.on_clock(self, now)
 
     def _wait_time(self) -> float | None:
-        moments = [t for t, _, _ in self._signals[:1]]
-        deadline = self.next_deadline()
-        if deadline is not None:
-            moments.append(deadline)
-        sink_due = self._sink_tick_in()
+        moments = [when for when, _, _ in self._signals[:1]]
+        for moment in (self.deadline if not self.timed_out else None, self.policy.wake_at()):
+            if moment is not None:
+                moments.append(moment)
+        now = time.monotonic()
+        sink_due = _tick_in(self.sink)
         if sink_due is not None:
-            moments.append(time.monotonic() + sink_due)
-        wait = max(0.0, min(moments) - time.monotonic()) if moments else None
-        if any(p.pidfd is None and p.returncode is None for p in self.processes):
-            wait = _NO_PIDFD_POLL if wait is None else min(wait, _NO_PIDFD_POLL)
-        return wait
+            moments.append(now + sink_due)
+        poll = self.group.poll()
+        if poll is not None:
+            moments.append(now + poll)
+        return max(0.0, min(moments) - now) if moments else None
 
-    # -- the sink's clock: a live view pushes held lines and its elapsed time without a thread --
+    def _check_deadline(self, now: float) -> None:
+        if self.deadline is None or self.timed_out or now < self.deadline:
+            return
+        self.timed_out = True
+        self.running_at_timeout = {rank: last_line(self.group.last_lines(rank)) for rank in self.running()}
+        self.policy.on_timeout(self)
 
-    def _sink_tick_in(self) -> float | None:
-        tick_in = getattr(self.sink, "tick_in", None)
-        return tick_in() if tick_in is not None else None
+    # -- what a group's sources call -------------------------------------------------------------
 
-    def _tick_sink(self) -> None:
-        due = self._sink_tick_in()
-        if due is not None and due <= 0:
-            self.sink.tick()  # type: ignore[attr-defined]
+    def add_reader(self, fd: int, handler: Callable[[], None], order: Order) -> None:
+        """Wake up for ``fd``; when several are ready, lower ``order`` first."""
+        self._selector.register(fd, selectors.EVENT_READ, (order, handler))
 
-    # -- handlers --------------------------------------------------------------------------------
-
-    def _on_stdout(self, rank: int) -> None:
-        self._read_stream(rank, self.pipes[rank].stdout, "stdout")
-
-    def _on_stderr(self, rank: int) -> None:
-        self._read_stream(rank, self.pipes[rank].stderr, "stderr")
-
-    def _read_stream(self, rank: int, fd: int, stream: str) -> None:
-        if not self.pipes[rank].read_stream(fd, stream, self.sink):
+    def remove_reader(self, fd: int) -> None:
+        if fd in self._selector.get_map():
             self._selector.unregister(fd)
 
-    def _on_channel(self, rank: int) -> None:
-        pipes = self.pipes[rank]
-        frames, open_ = pipes.read_channel()
-        if not open_:
-            self._selector.unregister(pipes.channel)
-        for kind, payload in frames:
-            self.on_frame(rank, kind, payload)
+    def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        """Whole lines ``rank`` wrote to ``stream``."""
+        self.sink.output(rank, stream, lines)
 
-    def _on_pidfd(self, rank: int) -> None:
-        proc = self.processes[rank]
-        if proc.poll() is None:
-            return
-        pipes = self.pipes[rank]
-        for fd in (*pipes.fds, proc.pidfd):
-            if fd is not None and fd in self._selector.get_map():
-                self._selector.unregister(fd)
-        for kind, payload in pipes.drain(self.sink):
-            self.on_frame(rank, kind, payload)
-        self.on_exit(rank)
+    def event(self, rank: int, event: Event) -> None:
+        """One event from ``rank``'s stream (``nbaccel.wire.events``)."""
+        kind = event.kind
+        if kind is Kind.RICH:
+            self.sink.event(rank, event.value())
+        elif kind is Kind.IMPORTED:
+            warm.note(event.value())
+        elif kind is Kind.READY:
+            self.policy.on_ready(self, rank, event.value())
+        elif kind is Kind.RESULT or kind is Kind.ERROR:
+            outcome = self.outcomes.get(rank)
+            if outcome is not None:  # a rank not taking part has nothing to answer
+                record_answer(outcome, event, self.stop_reason, self.group.last_lines(rank))
+                self.policy.on_answer(self, outcome, raised=kind is Kind.ERROR)
 
-    def _poll_exits_without_pidfd(self) -> None:
-        for proc in self.processes:
-            if proc.pidfd is None and proc.returncode is None and proc.poll() is not None:
-                self._on_pidfd(proc.rank)
+    def exited(self, rank: int, returncode: int) -> None:
+        """``rank``'s process ended with ``returncode`` (negative: that signal); output drained."""
+        self.ended.add(rank)
+        outcome = self.outcomes.get(rank) or RankOutcome(rank)
+        record_exit(outcome, returncode, self.stop_reason, self.group.was_signalled(rank), self.group.last_lines(rank))
+        self.policy.on_exit(self, outcome)
 
-    # -- signals ---------------------------------------------------------------------------------
+    # -- what policies call ----------------------------------------------------------------------
 
-    def signal(self, sig: int, targets: list[RankProcess] | None = None) -> None:
-        """Send ``sig`` now to the ranks in ``targets`` (default: all) that are still running."""
-        for proc in self.processes if targets is None else targets:
-            if proc.returncode is None:
-                proc.send(sig)
+    def finish(self, outcome: RankOutcome) -> None:
+        """Tell the sink that ``outcome.rank`` is done with this launch or task."""
+        self.sink.rank_finished(outcome)
 
-    def escalate(self, plan: Sequence[tuple[float, int]], targets: list[RankProcess] | None = None, keep: bool = False) -> None:
-        """Send each (delay, signal) of ``plan`` in turn to ``targets`` (default: every rank);
+    def begin_stop(self, reason: Status) -> bool:
+        """Record why ranks are being stopped; False when a stop already under way takes precedence
+        (any stop over a later failure or timeout; an interrupt over anything)."""
+        if self.stop_reason is Status.INTERRUPTED or (self.stop_reason is not None and reason is not Status.INTERRUPTED):
+            return False
+        self.stop_reason = reason
+        return True
+
+    def escalate(self, plan: Iterable[tuple[float, int]], ranks: Iterable[int] | None = None, keep: bool = False) -> None:
+        """Send each (delay, signal) of ``plan`` in turn to ``ranks`` (default every rank);
         replaces any escalation under way unless ``keep``."""
         start = time.monotonic()
-        chosen = list(self.processes if targets is None else targets)
+        chosen = list(range(self.group.num_processes) if ranks is None else ranks)
         if not keep:
             self._signals = []
         for delay, sig in plan:
             if delay <= 0:
-                self.signal(sig, chosen)
+                self.group.signal(sig, chosen)
             else:
                 self._signals.append((start + delay, sig, chosen))
         self._signals.sort(key=lambda entry: entry[0])
+
+    def _fire_signals(self, now: float) -> None:
+        while self._signals and self._signals[0][0] <= now:
+            _, sig, ranks = self._signals.pop(0)
+            self.group.signal(sig, ranks)
+
+
+def _tick_in(sink: Sink) -> float | None:
+    """Seconds until ``sink`` wants its clock to tick (None: never). The live view's clock is this loop."""
+    tick_in = getattr(sink, "tick_in", None)
+    return tick_in() if tick_in is not None else None
+
+
+class SinkSession:
+    """The one sink lifecycle: ``launch_started`` on entry, ``launch_finished`` on exit however it ends.
+
+    Example::
+
+        with SinkSession(sink, plan.num_processes, attempt) as session:
+            loop = session.watch(EventLoop(group, sink, OneShot()))
+            loop.run()
+    """
+
+    def __init__(self, sink: Sink, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        self.sink = sink
+        self._announce = (num_processes, attempt, None if ranks is None else list(ranks))
+        self._loop: EventLoop | None = None
+
+    def __enter__(self) -> SinkSession:
+        num_processes, attempt, ranks = self._announce
+        self.sink.launch_started(num_processes, attempt, ranks=ranks)
+        return self
+
+    def watch(self, loop: EventLoop) -> EventLoop:
+        """The loop whose outcomes ``launch_finished`` reports."""
+        self._loop = loop
+        return loop
+
+    def __exit__(self, *exc: object) -> None:
+        self.sink.launch_finished(self._loop.outcome_list() if self._loop is not None else [])

@@ -3,25 +3,26 @@
 When a rank fails the others are stopped at once (SIGTERM, then SIGKILL): a peer blocked in a
 collective would otherwise wait for the process group's timeout. On an interrupt, SIGINT first
 so Python code can unwind; on a timeout, like a failure. Only the ranks' own process groups are
-ever signalled.
+ever signalled. ``run_attempt`` runs one attempt of a launch through any ``Launcher``;
+``run_launch`` is the restart strategy over attempts.
 
 Example::
 
-    outcomes = Supervisor(processes, pipes, sink, deadline=None).run()
+    values = run_launch(LocalLauncher(ForkStarter()), job, plan, sink=TextSink())
 """
 
 from __future__ import annotations
 
-import os
 import signal
+from typing import Any
 
-from nbaccel.wire import frames as channel
-from nbaccel.errors import LaunchTimeoutError
-from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, undecodable_result
-from nbaccel.launch.pipes import RankPipes
+from nbaccel.errors import LaunchTimeoutError, RankFailedError
+from nbaccel.launch.loop import EventLoop, Policy, SinkSession
+from nbaccel.launch.notices import say
+from nbaccel.launch.outcome import RankOutcome, Status, root_cause
+from nbaccel.launch.seam import LaunchPlan, Launcher
 from nbaccel.output.sinks import Sink
-from nbaccel.launch.processes import RankProcess
-from nbaccel.launch.loop import RankWatch
+from nbaccel.rank.bootstrap import Job
 
 # (delay from the start of a stop, signal): how each kind of stop escalates.
 STOP_PLANS = {
@@ -30,126 +31,81 @@ STOP_PLANS = {
     Status.INTERRUPTED: [(0.0, signal.SIGINT), (2.0, signal.SIGTERM), (3.5, signal.SIGKILL)],
 }
 
-
 _LINGER = 3.0  # seconds a rank that reported its error may take to exit by itself
 
 
-class Supervisor(RankWatch):
-    """Runs one attempt until every rank has ended and been reaped; returns their outcomes."""
+def run_launch(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
+    """Every rank's value, by rank; after a failure, relaunch every rank up to ``plan.max_restarts`` times.
 
-    def __init__(self, processes: list[RankProcess], pipes: list[RankPipes], sink: Sink, deadline: float | None, timeout: float | None = None) -> None:
-        super().__init__(processes, pipes, sink)
-        self.deadline = deadline
-        self.timeout = timeout
-        self.outcomes = [RankOutcome(rank=p.rank) for p in processes]
-        self._stop_reason: Status | None = None
-        self._running_at_timeout: dict[int, str] = {}
+    Each attempt is a fresh group with a fresh rendezvous: a restart never meets a stale store.
+    """
+    failed_attempts: list[list[RankOutcome]] = []
+    for attempt in range(plan.max_restarts + 1):
+        outcomes = run_attempt(launcher, job, plan, attempt, sink)
+        if all(o.status is Status.SUCCEEDED for o in outcomes):
+            return [o.value for o in outcomes]
+        failed_attempts.append(outcomes)
+        if attempt < plan.max_restarts:
+            root = root_cause(outcomes)
+            summary = root.describe() if root else "a rank did not return"
+            say(f"attempt {attempt + 1} of {plan.max_restarts + 1} failed ({summary}); restarting all {plan.num_processes} ranks")
+    error = RankFailedError(root_cause(failed_attempts[-1]) or failed_attempts[-1][0], failed_attempts[-1])
+    error.attempts = failed_attempts
+    raise error
 
-    def run(self) -> list[RankOutcome]:
+
+def run_attempt(launcher: Launcher, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
+    """Start every rank, relay their output to ``sink``, and return their outcomes, by rank.
+
+    Returns when every rank has ended and been reaped. Raises KeyboardInterrupt (after stopping
+    every rank) if interrupted, and LaunchTimeoutError when ``plan.deadline`` passes.
+    """
+    with SinkSession(sink, plan.num_processes, attempt) as session:
+        group = launcher.start_group(job, plan, attempt, persistent=False)
         try:
-            try:
-                self.loop()
-            except KeyboardInterrupt:
-                self._stop(Status.INTERRUPTED)
-                self._finish_after_interrupt()
-                raise
+            loop = session.watch(EventLoop(group, sink, OneShot(), deadline=plan.deadline, timeout=plan.timeout))
+            loop.run()
         finally:
-            self.close()
-        if self._stop_reason is Status.TIMED_OUT:
-            raise LaunchTimeoutError(self.timeout or 0.0, self._running_at_timeout, self.outcomes)
-        return self.outcomes
+            group.close()
+    if loop.interrupted:
+        raise KeyboardInterrupt
+    if loop.timed_out:
+        raise LaunchTimeoutError(plan.timeout or 0.0, loop.running_at_timeout, loop.outcome_list())
+    return loop.outcome_list()
 
-    def done(self) -> bool:
-        return all(p.returncode is not None for p in self.processes)
 
-    def next_deadline(self) -> float | None:
-        return self.deadline if self._stop_reason is None else None
+class OneShot(Policy):
+    """Every rank runs the job once and exits; the first real failure stops the others."""
 
-    def on_clock(self, now: float) -> None:
-        if self.deadline is not None and self._stop_reason is None and now >= self.deadline:
-            self._running_at_timeout = {
-                o.rank: (self.pipes[o.rank].last_lines[-1] if self.pipes[o.rank].last_lines else "")
-                for o in self.outcomes
-                if o.status is Status.RUNNING
-            }
-            self._stop(Status.TIMED_OUT)
+    def done(self, loop: EventLoop) -> bool:
+        return loop.ended.issuperset(loop.ranks)
 
-    def on_frame(self, rank: int, kind: channel.Kind, payload: bytes) -> None:
-        outcome = self.outcomes[rank]
-        if kind is channel.Kind.RESULT:
-            try:
-                outcome.value = channel.loads(payload)
-            except Exception as exc:  # noqa: BLE001 - any unpickling failure is that rank's
-                outcome.error = undecodable_result(rank, exc)
-                outcome.status = Status.FAILED
-                self._stop(Status.STOPPED)
-                return
-            outcome.status = Status.SUCCEEDED
-            if all(o.status is Status.SUCCEEDED for o in self.outcomes):
-                self._release()
-        elif kind is channel.Kind.ERROR:
-            outcome.error = RemoteError.from_fields(channel.loads(payload))
-            if not self._echoes_our_stop(outcome.error):
-                outcome.status = Status.FAILED
-                self._stop(Status.STOPPED, spare=rank)
-        else:
-            super().on_frame(rank, kind, payload)
+    def on_answer(self, loop: EventLoop, outcome: RankOutcome, raised: bool) -> None:
+        if outcome.status is Status.SUCCEEDED:
+            if all(o.status is Status.SUCCEEDED for o in loop.outcomes.values()):
+                loop.group.release()  # let ranks waiting to leave their process group go
+        elif outcome.status is Status.FAILED:
+            # A rank that reported its own error is exiting by itself: signalling it would race
+            # its exit and lose its exit code; it is only killed if it lingers.
+            self._stop(loop, Status.STOPPED, spare=outcome.rank if raised else None)
 
-    def _release(self) -> None:
-        """Every rank returned: let the ones waiting to leave their process group go."""
-        for pipes in self.pipes:
-            if pipes.commands is None:
-                continue
-            try:
-                os.write(pipes.commands, b"\0")
-            except OSError:  # the rank had no process group and is already gone
-                pass
-
-    def _echoes_our_stop(self, error: RemoteError) -> bool:
-        """A peer's closed connection or our own SIGINT, raised after we began stopping."""
-        return self._stop_reason is not None and (error.is_peer_error or error.type_name == "KeyboardInterrupt")
-
-    def on_exit(self, rank: int) -> None:
-        """Decide how a reaped rank ended, from its exit status and what it reported."""
-        proc, outcome = self.processes[rank], self.outcomes[rank]
-        outcome.last_lines = list(self.pipes[rank].last_lines)
-        code = proc.returncode
-        assert code is not None
-        outcome.exitcode = code if code >= 0 else None
-        outcome.signal = -code if code < 0 else None
-        if outcome.status is Status.SUCCEEDED and code != 0 and not proc.signals_sent:
-            outcome.status = Status.EXITED  # returned, then died in teardown: the value is suspect
-        if outcome.status is Status.RUNNING:
-            outcome.status = self._status_of_silent_end(proc, outcome, code)
-        self.sink.rank_finished(outcome)
+    def on_exit(self, loop: EventLoop, outcome: RankOutcome) -> None:
+        loop.finish(outcome)
         if outcome.is_failure:
-            self._stop(Status.STOPPED)
+            self._stop(loop, Status.STOPPED)
 
-    def _status_of_silent_end(self, proc: RankProcess, outcome: RankOutcome, code: int) -> Status:
-        """A rank that ended without a result or an error of its own."""
-        if self._stop_reason is not None and (proc.signals_sent or outcome.error is not None):
-            return self._stop_reason  # our stop ended it (its error, if any, only echoed the stop)
-        return Status.SIGNALED if code < 0 else Status.EXITED
+    def on_timeout(self, loop: EventLoop) -> None:
+        self._stop(loop, Status.TIMED_OUT)
 
-    def _stop(self, reason: Status, spare: int | None = None) -> None:
-        """Begin stopping every live rank; an interrupt overrides any other stop under way.
+    def on_interrupt(self, loop: EventLoop) -> None:
+        self._stop(loop, Status.INTERRUPTED)
 
-        ``spare`` is a rank that reported its own error and is exiting by itself: signalling it
-        would race its exit and lose its exit code; it is only killed if it lingers.
-        """
-        if self._stop_reason is Status.INTERRUPTED or (self._stop_reason is not None and reason is not Status.INTERRUPTED):
+    def on_second_interrupt(self, loop: EventLoop) -> None:
+        loop.group.signal(signal.SIGKILL, loop.ranks)  # the group's close() reaps them
+
+    def _stop(self, loop: EventLoop, reason: Status, spare: int | None = None) -> None:
+        if not loop.begin_stop(reason):
             return
-        self._stop_reason = reason
-        others = [p for p in self.processes if p.rank != spare]
-        self.escalate(STOP_PLANS[reason], others)
+        loop.escalate(STOP_PLANS[reason], [rank for rank in loop.ranks if rank != spare])
         if spare is not None:
-            self.escalate([(_LINGER, signal.SIGKILL)], [self.processes[spare]], keep=True)
-
-    def _finish_after_interrupt(self) -> None:
-        """Reap every rank after an interrupt; a second interrupt skips straight to SIGKILL."""
-        try:
-            self.loop()
-        except KeyboardInterrupt:
-            self.signal(signal.SIGKILL)
-            for proc in self.processes:
-                proc.wait(timeout=5.0)
+            loop.escalate([(_LINGER, signal.SIGKILL)], [spare], keep=True)

@@ -13,7 +13,10 @@ import enum
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbaccel.wire.events import Event
 
 
 class Status(str, enum.Enum):
@@ -97,6 +100,53 @@ class RankOutcome:
     def is_failure(self) -> bool:
         """A failure that started the launch's end (not a rank nbaccel stopped)."""
         return self.status in (Status.FAILED, Status.EXITED, Status.SIGNALED)
+
+
+def record_answer(outcome: RankOutcome, event: Event, stop_reason: Status | None, last_lines: list[str]) -> None:
+    """What a rank's RESULT or ERROR event says about its outcome; the one decoder of answers.
+
+    An error that only echoes a stop already under way (our own interrupt, a peer's closed
+    connection) takes the stop's status, so it is never mistaken for the root cause.
+    """
+    from nbaccel.wire.events import Kind
+
+    outcome.last_lines = list(last_lines)
+    if event.kind is Kind.RESULT:
+        try:
+            outcome.value = event.value()
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure is that rank's
+            outcome.error = undecodable_result(outcome.rank, exc)
+            outcome.status = Status.FAILED
+            return
+        outcome.status = Status.SUCCEEDED
+        return
+    outcome.error = RemoteError.from_fields(event.value())
+    echoes_stop = stop_reason is not None and (outcome.error.is_peer_error or outcome.error.type_name == "KeyboardInterrupt")
+    outcome.status = stop_reason if echoes_stop and stop_reason is not None else Status.FAILED
+
+
+def record_exit(outcome: RankOutcome, returncode: int, stop_reason: Status | None, signalled: bool, last_lines: list[str]) -> None:
+    """How a reaped rank ended, from its exit status and what it reported; the one decoder of exits."""
+    outcome.last_lines = list(last_lines)
+    outcome.exitcode = returncode if returncode >= 0 else None
+    outcome.signal = -returncode if returncode < 0 else None
+    if outcome.status is Status.SUCCEEDED and returncode != 0 and not signalled:
+        outcome.status = Status.EXITED  # returned, then died in teardown: the value is suspect
+    elif outcome.status is Status.RUNNING:
+        if stop_reason is not None and (signalled or outcome.error is not None):
+            outcome.status = stop_reason  # our stop ended it (its error, if any, only echoed the stop)
+        else:
+            outcome.status = crash_status(returncode)
+
+
+def crash_status(returncode: int) -> Status:
+    """The status of a process that ended on its own, without an answer."""
+    return Status.SIGNALED if returncode < 0 else Status.EXITED
+
+
+def last_line(lines: list[str]) -> str:
+    """The latest line of output, or "" when there is none (what timeouts and stalls report)."""
+    return lines[-1] if lines else ""
 
 
 def with_cell_names(text: str) -> str:

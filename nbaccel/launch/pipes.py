@@ -1,15 +1,15 @@
 """Kernel side of the output pipeline: one rank's pipes, read without blocking, cut into lines.
 
-The supervisor's event loop owns the selector; a ``RankPipes`` turns whatever is readable into
-sink calls and channel messages, and keeps the rank's last lines for error reports.
+The event loop owns the selector; a ``RankPipes`` turns whatever is readable into whole lines
+and events, and keeps the rank's last lines for error reports.
 
 Example:
     >>> parent, child = open_rank_pipes(rank=0)
     >>> _ = os.write(child.stdout, b"hello\\n")
-    >>> sink = CollectingSink()
-    >>> parent.read_stream(parent.stdout, "stdout", sink)
+    >>> seen = []
+    >>> parent.read_stream(parent.stdout, "stdout", lambda rank, stream, lines: seen.extend(lines))
     True
-    >>> sink.text(0)
+    >>> seen
     ['hello']
 """
 
@@ -18,12 +18,14 @@ from __future__ import annotations
 import collections
 import fcntl
 import os
+from collections.abc import Callable
 from typing import Any
 
-from nbaccel.wire import frames as channel
-from nbaccel.rank.bootstrap import ChildEnds
 from nbaccel.launch.lines import LineSplitter
-from nbaccel.output.sinks import CollectingSink, Sink  # noqa: F401 - CollectingSink is used by the doctest
+from nbaccel.rank.bootstrap import ChildEnds
+from nbaccel.wire import events
+
+LinesTo = Callable[[int, str, list[str]], None]  # (rank, stream, lines): where whole lines go
 
 _READ_SIZE = 1 << 20
 _LAST_LINES = 20
@@ -41,7 +43,7 @@ class RankPipes:
         self.commands = commands  # the write end of the rank's command pipe (persistent workers)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=_LAST_LINES)
         self._splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
-        self._decoder = channel.FrameDecoder()
+        self._decoder = events.FrameDecoder()
 
     @property
     def fds(self) -> list[int]:
@@ -52,7 +54,7 @@ class RankPipes:
     def all_fds(self) -> list[int]:
         return self.fds if self.commands is None else [*self.fds, self.commands]
 
-    def read_stream(self, fd: int, stream: str, sink: Sink) -> bool:
+    def read_stream(self, fd: int, stream: str, emit: LinesTo) -> bool:
         """Relay what ``fd`` holds now; False at end of file."""
         data = _read(fd)
         if data is None:
@@ -62,11 +64,11 @@ class RankPipes:
         lines = self._splitters[stream].feed(data)
         if lines:
             self.last_lines.extend(lines)
-            sink.output(self.rank, stream, lines)
+            emit(self.rank, stream, lines)
         return True
 
-    def read_channel(self) -> tuple[list[tuple[channel.Kind, bytes]], bool]:
-        """Frames complete so far, and False at end of file."""
+    def read_channel(self) -> tuple[list[events.Event], bool]:
+        """Events complete so far, and False at end of file."""
         data = _read(self.channel)
         if data is None:
             return [], True
@@ -74,10 +76,10 @@ class RankPipes:
             return [], False
         return self._decoder.feed(data), True
 
-    def drain(self, sink: Sink) -> list[tuple[channel.Kind, bytes]]:
-        """Read everything left (the rank has exited); flush unterminated lines. Channel frames."""
+    def drain(self, emit: LinesTo) -> list[events.Event]:
+        """Read everything left (the rank has exited); flush unterminated lines. The events left."""
         for fd, stream in ((self.stdout, "stdout"), (self.stderr, "stderr")):
-            while self.read_stream(fd, stream, sink) and _readable(fd):
+            while self.read_stream(fd, stream, emit) and _readable(fd):
                 pass
         frames = []
         while True:
@@ -89,7 +91,7 @@ class RankPipes:
             rest = splitter.flush()
             if rest:
                 self.last_lines.extend(rest)
-                sink.output(self.rank, stream, rest)
+                emit(self.rank, stream, rest)
         return frames
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Acce
 ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
 ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+from nbaccel.launch.options import MIXED_PRECISIONS  # noqa: E402,F401 - where the magics look it up
 
 
 @functools.lru_cache(maxsize=1)

@@ -22,7 +22,7 @@ import ipaddress
 import socket
 from typing import Any
 
-from nbaccel.errors import PreflightError
+from nbaccel.errors import EngineStateError, PreflightError
 
 
 def is_loopback(address: str) -> bool:
@@ -52,7 +52,8 @@ class LoopbackRendezvous:
         """Serve the store on the reserved socket. Ranks that connected earlier wait in its backlog."""
         from torch.distributed import TCPStore
 
-        assert self._socket is not None, "start_store called twice"
+        if self._socket is None:
+            raise EngineStateError("the rendezvous store was started twice, or after the rendezvous closed")
         fd = self._socket.detach()  # the store owns (and closes) the fd from here on
         self._socket = None
         self._store = TCPStore(
@@ -64,6 +65,10 @@ class LoopbackRendezvous:
             wait_for_workers=False,
             master_listen_fd=fd,
         )
+
+    @property
+    def store_started(self) -> bool:
+        return self._store is not None
 
     def close(self) -> None:
         self._store = None  # the last reference: the server thread stops and the port is freed

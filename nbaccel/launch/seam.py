@@ -1,21 +1,32 @@
-"""The seams between ``notebook_launcher`` and the ways of starting ranks.
+"""The seams of the engine: how a group of ranks is started (``Launcher``), and what the loop needs of it.
 
-``Launcher`` runs one attempt of a launch and reports every rank's outcome; ``LocalLauncher``
-(one node: fork or spawn) implements it today, and a multi-node launcher built on torch
-elastic's rendezvous is meant to implement the same interface. ``RankStarter`` is the smaller
-seam inside a local launch: how one rank process comes to exist (``os.fork`` or a fresh
-interpreter).
+Every launch mode goes through them: a one-shot launch asks a ``Launcher`` for a group that runs
+one job and ends; persistent workers ask for a group that stays and takes commands. The one-node
+``LocalLauncher`` starts ranks on this machine (fork or spawn, the ``RankStarter``); a launcher for
+several nodes implements the same two methods, with a ``RankGroup`` whose ranks live on node agents
+and whose events arrive over the network instead of pipes. Nothing above this module knows which.
+
+Example::
+
+    group = launcher.start_group(job, plan, attempt=0, persistent=False)
+    try:
+        EventLoop(group, sink, OneShot()).run()
+    finally:
+        group.close()
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from nbaccel.launch.outcome import RankOutcome
-from nbaccel.output.sinks import Sink
 from nbaccel.rank.bootstrap import ChildEnds, Job
+from nbaccel.wire.events import Kind
+
+if TYPE_CHECKING:
+    from nbaccel.launch.loop import EventLoop
 
 
 @dataclass(frozen=True)
@@ -33,23 +44,71 @@ class LaunchPlan:
     deadline: float | None = None  # time.monotonic() when ``timeout`` runs out
 
 
+class RankGroup(Protocol):
+    """The ranks of one attempt (or of a pool's lifetime), as the event loop drives them.
+
+    A group feeds the loop: ``attach`` registers its sources, which then call ``loop.lines``,
+    ``loop.event`` and ``loop.exited``. The loop acts on it only through the methods below.
+    """
+
+    @property
+    def num_processes(self) -> int:
+        """How many ranks the group has (all of them, on every node)."""
+
+    def attach(self, loop: EventLoop) -> None:
+        """Register every source of rank output, events and exits with ``loop``."""
+
+    def detach(self, loop: EventLoop) -> None:
+        """Stop feeding ``loop`` (a pool keeps its group for the next task's loop)."""
+
+    def poll(self) -> float | None:
+        """Look for what the sources cannot report by themselves (exits without a pidfd, a node's
+        missed heartbeats); the seconds until the next look, or None when nothing needs looking at."""
+
+    def signal(self, sig: int, ranks: Iterable[int]) -> None:
+        """Send ``sig`` to those of ``ranks`` still running; never to anything else."""
+
+    def returncode(self, rank: int) -> int | None:
+        """``rank``'s exit status once its process ended (negative: killed by that signal), else None.
+
+        Outside a loop this reaps a rank that has ended; a loop learns of exits from its sources.
+        """
+
+    def was_signalled(self, rank: int) -> bool:
+        """True when nbaccel sent ``rank`` a signal."""
+
+    def last_lines(self, rank: int) -> list[str]:
+        """The latest output lines of ``rank``, for error reports."""
+
+    def pid(self, rank: int) -> int:
+        """The rank's process id (on its own node)."""
+
+    def release(self) -> None:
+        """Every rank returned: let those waiting to leave their process group go (exit barrier)."""
+
+    def send(self, rank: int, kind: Kind, payload: bytes) -> None:
+        """A command to a persistent rank (TASK, STOP). Raises OSError when the rank is gone."""
+
+    def close(self) -> None:
+        """Kill and reap whatever still runs; free ports, pipes and handles. Idempotent."""
+
+
 class Launcher(ABC):
-    """Runs one attempt of a launch. Implementations own every process they start."""
+    """Starts groups of ranks. Implementations own every process they start."""
 
     start_method: str
 
     @abstractmethod
-    def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
-        """Start every rank, relay their output to ``sink``, and return their outcomes, by rank.
+    def start_group(self, job: Job, plan: LaunchPlan, attempt: int, persistent: bool) -> RankGroup:
+        """Start ``plan.num_processes`` ranks running ``job``; on failure nothing is left behind.
 
-        Calls ``sink.launch_started`` first and ``sink.launch_finished`` last, however it ends.
-        Returns when every rank has ended and been reaped. Raises KeyboardInterrupt (after
-        stopping every rank) if interrupted, and LaunchTimeoutError when ``plan.deadline`` passes.
+        ``persistent`` groups get a command stream per rank (``RankGroup.send``) and host their
+        rendezvous store at once (the ranks join their process group before saying READY).
         """
 
 
 class RankStarter(Protocol):
-    """How one rank process is created; the rank then runs ``nbaccel.rank.bootstrap.run_rank``."""
+    """How one local rank process is created; the rank then runs ``nbaccel.rank.bootstrap.run_rank``."""
 
     start_method: str
 

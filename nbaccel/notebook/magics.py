@@ -46,7 +46,7 @@ from nbaccel.notebook.options import (
     variable_name,
 )
 from nbaccel.notebook.session import NotebookWorkers
-from nbaccel.launch.plan import START_METHODS
+from nbaccel.launch.options import START_METHODS
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

@@ -5,7 +5,7 @@ the notebook asked for travel back: the lowest selected rank's value (the cell's
 every selected rank's value with ``-o``. On the way, a module comes back as its text (what the
 notebook would show, without shipping its weights; ``%distributed pull`` brings them), a shown
 value that cannot be pickled comes back as its text too, instead of failing a cell that did run,
-and tensors on a GPU arrive on the CPU (``nbaccel.wire.frames`` pickles every result that way).
+and tensors on a GPU arrive on the CPU (``nbaccel.wire.events`` pickles every result that way).
 
 Example:
     >>> pool = nbaccel.start_workers(2)  # doctest: +SKIP
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nbaccel.wire import frames as channel
+from nbaccel.wire import events
 from nbaccel.notebook.cell import PoolCell
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class _Shown:
 
     def __reduce__(self) -> tuple[Any, ...]:
         try:
-            return (pickle.loads, (channel.dumps(self.value),))
+            return (pickle.loads, (events.dumps(self.value),))
         except Exception:  # noqa: BLE001 - any pickling failure: show it as IPython would
             return (RankRepr, (repr(self.value),))
 

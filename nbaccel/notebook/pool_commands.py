@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbaccel.launch.rank_env import MIXED_PRECISIONS
 from nbaccel.notebook.options import gpu_list, non_negative_int, positive_int, variable_name
-from nbaccel.launch.plan import START_METHODS
+from nbaccel.launch.options import START_METHODS
 
 COMMANDS = ("start", "stop", "restart", "status", "push", "pull")
 

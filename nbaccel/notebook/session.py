@@ -109,7 +109,7 @@ class NotebookWorkers:
         where = ", ".join(devices)
         state = "fresh namespaces" if fresh else "%%distributed cells run on them"
         print(f"nbaccel: {self.pool.num_processes} workers ready on {where} in {took:.2f} s; {state} until %distributed stop")
-        if not fresh and self.pool.starter.start_method != "fork":
+        if not fresh and self.pool.start_method != "fork":
             # auto falls back to spawn when CUDA is initialised here: the notebook's names are not there
             print("nbaccel: spawned workers start with empty namespaces: %distributed push what the cells need")
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nbaccel.wire import events
+from nbaccel.wire import rich
 from nbaccel.output.sinks import TextSink
 
 _MILESTONES = 4  # a line per quarter of a bar's total
@@ -39,18 +39,18 @@ class RichTextSink(TextSink):
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if kind == events.PROGRESS:
+        if kind == rich.PROGRESS:
             if self._should_print(rank, event):
                 self.output(rank, "stdout", [str(event.get("text", ""))])
             return
-        text = events.plain_text(event)
+        text = rich.plain_text(event)
         if text:
             self.output(rank, "stdout", text.splitlines())
 
     def _should_print(self, rank: int, event: dict[str, Any]) -> bool:
         key = (rank, int(event.get("bar", 0)))
         now = time.monotonic()
-        fraction = events.progress_fraction(event)
+        fraction = rich.progress_fraction(event)
         milestone = int(fraction * _MILESTONES) if fraction is not None else 0
         seen = self._bars.get(key)
         if event.get("closed"):

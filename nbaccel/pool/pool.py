@@ -10,28 +10,31 @@ Example:
 from __future__ import annotations
 
 import atexit
-import sys
+import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbaccel.wire import frames as channel
 from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
-from nbaccel.launch.seam import LaunchPlan, RankStarter
-from nbaccel.launch.group import RankGroup
-from nbaccel.launch.outcome import RankOutcome, Status, root_cause
-from nbaccel.wire import events
+from nbaccel.launch.local import LocalLauncher
+from nbaccel.launch.loop import EventLoop, SinkSession
+from nbaccel.launch.notices import say
+from nbaccel.launch.options import LaunchOptions, check_timeout
+from nbaccel.launch.outcome import RankOutcome, Status, crash_status, root_cause
+from nbaccel.launch.plan import choose_starter, make_plan
+from nbaccel.launch.seam import LaunchPlan, Launcher, RankGroup
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
-from nbaccel.wire.portable import Sourced
-from nbaccel.launch.plan import check_arguments, choose_starter, make_plan
-from nbaccel.rank.bootstrap import Job
-from nbaccel.pool.ready_watch import wait_until_ready
+from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
-from nbaccel.pool.task_watch import TaskWatch
+from nbaccel.pool.task import Task
 from nbaccel.pool.tasks import Assign, CallFunction, Fetch, RankStatus
+from nbaccel.rank.bootstrap import Job
+from nbaccel.wire import rich
+from nbaccel.wire.events import Kind
+from nbaccel.wire.portable import Sourced
 
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
@@ -60,9 +63,9 @@ class WorkerStatus:
 class WorkerPool:
     """Ranks that keep their process group, namespaces and GPU memory between calls."""
 
-    def __init__(self, plan: LaunchPlan, starter: RankStarter, seed: dict[str, Any] | None, start_timeout: float) -> None:
+    def __init__(self, plan: LaunchPlan, launcher: Launcher, seed: dict[str, Any] | None, start_timeout: float) -> None:
         self.plan = plan
-        self.starter = starter
+        self.launcher = launcher
         self._seed = seed
         self._start_timeout = start_timeout
         self._group: RankGroup | None = None
@@ -73,13 +76,12 @@ class WorkerPool:
 
     def start(self) -> WorkerPool:
         """Fork the ranks and return once every rank has joined the process group (handshake)."""
-        seed = self._seed if self.starter.start_method == "fork" else None  # spawn: fresh namespaces
+        seed = self._seed if self.launcher.start_method == "fork" else None  # spawn: fresh namespaces
         _import_rank_modules()
         job = Job(serve, args=(seed,), pass_ends=True)
-        group = RankGroup.start(self.starter, job, self.plan, attempt=0, with_commands=True)
+        group = self.launcher.start_group(job, self.plan, attempt=0, persistent=True)
         try:
-            deadline = time.monotonic() + self._start_timeout
-            self.devices = wait_until_ready(group.processes, group.pipes, make_sink("text"), deadline)
+            self.devices = wait_until_ready(group, make_sink("text"), self._start_timeout)
         except BaseException:
             group.close()
             raise
@@ -95,6 +97,11 @@ class WorkerPool:
     def num_processes(self) -> int:
         return self.plan.num_processes
 
+    @property
+    def start_method(self) -> str:
+        """"fork" or "spawn": how the workers were started (spawned workers start with empty namespaces)."""
+        return self.launcher.start_method
+
     def stop(self, graceful: bool = True) -> None:
         """Tell every rank to leave (they tear down their process group), give them up to 2 s
         together, then SIGKILL whatever is left; every rank is reaped. Nothing outlives this."""
@@ -103,14 +110,14 @@ class WorkerPool:
             return
         _LIVE_POOLS.discard(self)
         if graceful:
-            for pipes in group.pipes:
+            for rank in range(self.num_processes):
                 try:
-                    channel.send_bytes(pipes.commands, channel.Kind.STOP, b"", defer_sigint=False)  # type: ignore[arg-type]
+                    group.send(rank, Kind.STOP, b"")
                 except OSError:
                     pass
             deadline = time.monotonic() + 2.0
-            for proc in group.processes:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            while time.monotonic() < deadline and not all(group.returncode(rank) is not None for rank in range(self.num_processes)):
+                time.sleep(0.01)
         group.close()
 
     def restart(self) -> WorkerPool:
@@ -152,7 +159,7 @@ class WorkerPool:
         """Per rank: pid, device, idle or ended, memory in use, and the last cell it ran."""
         group = self._require_group()
         answers: dict[int, Any] = {}
-        if all(p.poll() is None for p in group.processes):
+        if not any(group.returncode(rank) is not None for rank in range(self.num_processes)):
             answers = self.run_task(RankStatus(), ranks=range(self.num_processes), output="text", label="", remember=False)
         return [self._status_of(rank, answers.get(rank)) for rank in range(self.num_processes)]
 
@@ -160,25 +167,22 @@ class WorkerPool:
         """Send ``task`` (a callable over the rank's namespace) to ``ranks`` and collect the answers."""
         group = self._require_group()
         chosen = self._check_ranks(ranks)
-        check_arguments(task, (), None, "no", "auto", timeout, 0, "127.0.0.1")
+        check_timeout(timeout)
         payload = _pickle_by_value(task)
         self._check_alive(group)
         sink = make_sink(output)
-        sink.launch_started(self.num_processes, 0, ranks=chosen)
-        for rank in chosen:  # the workers are up already: their chips say running at once
-            sink.event(rank, events.started_event(group.processes[rank].pid))
         if remember:
             self._last_task = label
-        watch = TaskWatch(group.processes, group.pipes, sink, chosen, None if timeout is None else time.monotonic() + timeout)
-        try:
+        policy = Task()
+        with SinkSession(sink, self.num_processes, 0, ranks=chosen) as session:
+            for rank in chosen:  # the workers are up already: their chips say running at once
+                sink.event(rank, rich.started_event(group.pid(rank)))
+            deadline = None if timeout is None else time.monotonic() + timeout
+            loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout))
             self._send(group, chosen, payload)
-            self._watch(watch)
-        finally:
-            watch.close()
-        outcomes = [watch.outcomes[r] for r in chosen]
-        sink.launch_finished(outcomes)
-        self._raise_for(watch, outcomes, timeout)
-        values = {o.rank: o.value for o in outcomes}
+            loop.run()
+        self._raise_for(loop, policy, timeout)
+        values = {o.rank: o.value for o in loop.outcome_list()}
         return [values[r] for r in chosen] if ranks is None else values
 
     # -- internals -------------------------------------------------------------------------------
@@ -198,69 +202,66 @@ class WorkerPool:
         return chosen
 
     def _check_alive(self, group: RankGroup) -> None:
-        dead = [p for p in group.processes if p.poll() is not None]
+        dead = [rank for rank in range(self.num_processes) if group.returncode(rank) is not None]
         if dead:
+            ended = ", ".join(self._ended_state(group, rank) for rank in dead)
             self.stop()
-            lines = ", ".join(f"rank {p.rank} (exit status {p.returncode})" for p in dead)
-            raise PoolStoppedError(f"worker(s) ended while idle: {lines}; the pool was stopped. Start new workers.")
+            raise PoolStoppedError(f"worker(s) ended while idle: {ended}; the pool was stopped. Start new workers.")
+
+    def _ended_state(self, group: RankGroup, rank: int) -> str:
+        """'rank 1: killed by SIGKILL', worded as every other outcome."""
+        code = group.returncode(rank)
+        if code is None:
+            return f"rank {rank}: running"
+        outcome = RankOutcome(rank, crash_status(code), exitcode=code if code >= 0 else None, signal=-code if code < 0 else None)
+        return outcome.describe()
 
     def _send(self, group: RankGroup, ranks: list[int], payload: bytes) -> None:
         try:
             for rank in ranks:
-                channel.send_bytes(group.pipes[rank].commands, channel.Kind.TASK, payload, defer_sigint=False)  # type: ignore[arg-type]
+                group.send(rank, Kind.TASK, payload)
         except BaseException:  # a half-sent task leaves the command stream unusable
             self.stop()
             raise
 
-    def _watch(self, watch: TaskWatch) -> None:
-        try:
-            watch.loop()
-        except KeyboardInterrupt:
-            watch.interrupt(Status.INTERRUPTED)
-            try:
-                watch.loop()
-            except KeyboardInterrupt:  # a second interrupt: give up on the workers
-                watch.exited.append(RankOutcome(-1, Status.INTERRUPTED))
-
-    def _raise_for(self, watch: TaskWatch, outcomes: list[RankOutcome], timeout: float | None) -> None:
-        if watch.exited or watch.stuck:
-            self._tear_down(watch)
-        if watch.reason is Status.INTERRUPTED:
+    def _raise_for(self, loop: EventLoop, policy: Task, timeout: float | None) -> None:
+        outcomes = loop.outcome_list()
+        if policy.exited or policy.stuck(loop):
+            self._tear_down(loop, policy)
+        if loop.stop_reason is Status.INTERRUPTED:
             raise KeyboardInterrupt
-        if watch.reason is Status.TIMED_OUT and not any(o.status is Status.FAILED for o in outcomes):
-            raise LaunchTimeoutError(timeout or 0.0, watch.running_at_timeout, outcomes)
+        if loop.stop_reason is Status.TIMED_OUT and not any(o.status is Status.FAILED for o in outcomes):
+            raise LaunchTimeoutError(timeout or 0.0, loop.running_at_timeout, outcomes, what="the cell on the workers")
         root = root_cause(outcomes)
         if root is not None:
             raise RankFailedError(root, outcomes)
 
-    def _tear_down(self, watch: TaskWatch) -> None:
+    def _tear_down(self, loop: EventLoop, policy: Task) -> None:
         """A rank died or is stuck: the process group cannot be trusted; stop every rank."""
-        crashed = [o for o in watch.exited if o.rank >= 0]
-        stuck = watch.stuck
-        for outcome in watch.outcomes.values():
+        crashed = [o for o in policy.exited if o.rank >= 0]
+        stuck = policy.stuck(loop)
+        for outcome in loop.outcomes.values():
             if outcome.status is Status.RUNNING:
                 outcome.status = Status.STOPPED
         self.stop(graceful=False)
         if crashed:
-            states = [*crashed, *(o for o in watch.outcomes.values() if o.rank not in {c.rank for c in crashed})]
+            states = [*crashed, *(o for o in loop.outcomes.values() if o.rank not in {c.rank for c in crashed})]
             error = RankFailedError(crashed[0], sorted(states, key=lambda o: o.rank))
-            print(f"nbaccel: {crashed[0].describe()}; the workers were stopped. Start new ones.", file=sys.stderr)
+            say(f"{crashed[0].describe()}; the workers were stopped. Start new ones.")
             raise error
-        reason = f"rank(s) {', '.join(map(str, stuck))} did not stop within {watch.grace:g} s of the interrupt (stuck in a collective or native code)" if stuck else "interrupted twice"
-        print(f"nbaccel: {reason}; the workers were stopped. Start new ones (%distributed start).", file=sys.stderr)
+        reason = f"rank(s) {', '.join(map(str, stuck))} did not stop within {policy.grace:g} s of the interrupt (stuck in a collective or native code)" if stuck else "interrupted twice"
+        say(f"{reason}; the workers were stopped. Start new ones (%distributed start).")
         raise KeyboardInterrupt(f"{reason}; the workers were stopped")
 
     def _status_of(self, rank: int, answer: Any) -> WorkerStatus:
         group = self._require_group()
-        proc = group.processes[rank]
-        code = proc.poll()
-        state = "idle" if code is None else (f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        state = "idle" if not group.returncode(rank) is not None else self._ended_state(group, rank).split(": ", 1)[-1]
         return WorkerStatus(
             rank=rank,
-            pid=proc.pid,
+            pid=group.pid(rank),
             device=self.devices[rank] if rank < len(self.devices) else "?",
             state=state,
-            memory_mb=_resident_mb(proc.pid),
+            memory_mb=_resident_mb(group.pid(rank)),
             device_memory_mb=(answer or {}).get("device_memory_mb"),
             last_cell=self._last_task,
         )
@@ -283,8 +284,6 @@ def _pickle_by_value(value: Any) -> bytes:
 def _resident_mb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/statm") as statm:
-            import os
-
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0
@@ -315,9 +314,16 @@ def start_workers(
         [1, 1]
         >>> pool.stop()  # doctest: +SKIP
     """
-    check_arguments(start_workers, (), num_processes, mixed_precision, start_method, start_timeout, 0, "127.0.0.1")
-    plan = make_plan(num_processes, mixed_precision, None, "127.0.0.1", None, 0, gpus, cpu, time.monotonic())
-    return WorkerPool(plan, choose_starter(start_method), namespace, start_timeout).start()
+    check_timeout(start_timeout, "start_timeout")
+    options = LaunchOptions(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,  # type: ignore[arg-type]  # checked by LaunchOptions
+        start_method=start_method,  # type: ignore[arg-type]
+        gpus=None if gpus is None else tuple(gpus),
+        cpu=cpu,
+    )
+    plan = make_plan(options, time.monotonic())
+    return WorkerPool(plan, LocalLauncher(choose_starter(options.start_method)), namespace, start_timeout).start()
 
 
 @atexit.register

@@ -17,7 +17,8 @@ import signal
 import sys
 from typing import Any
 
-from nbaccel.wire import frames as channel
+from nbaccel.errors import EngineStateError
+from nbaccel.wire import events
 from nbaccel.rank.bootstrap import ChildEnds, call_and_report
 
 _DEFERRED_NOTE = (
@@ -28,20 +29,21 @@ _DEFERRED_NOTE = (
 
 def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
     """The persistent worker's main loop; returns when the kernel says STOP or goes away."""
-    assert ends.commands is not None, "a persistent worker needs a command pipe"
+    if ends.commands is None:
+        raise EngineStateError("a persistent worker was started without a command stream")
     namespace = _namespace(seed)
     state = _join_process_group()
     restore = _defer_destroy_process_group()
     interrupts = TaskInterrupts()
     signal.signal(signal.SIGINT, interrupts.handle)
-    channel.send(ends.channel, channel.Kind.READY, {"pid": os.getpid(), "device": str(state.device)})
-    decoder = channel.FrameDecoder()
+    events.send(ends.channel, events.Kind.READY, {"pid": os.getpid(), "device": str(state.device)})
+    decoder = events.FrameDecoder()
     try:
         while True:
-            frame = _next_command(ends.commands, decoder)
-            if frame is None or frame[0] is channel.Kind.STOP:
+            command = _next_command(ends.commands, decoder)
+            if command is None or command.kind is events.Kind.STOP:
                 break
-            task = channel.loads(frame[1])
+            task = command.value()
             call_and_report(lambda: interrupts.run(task, namespace), ends.channel)
     finally:
         restore()
@@ -86,15 +88,16 @@ def _join_process_group() -> Any:
     return PartialState()
 
 
-def _next_command(fd: int, decoder: channel.FrameDecoder) -> tuple[channel.Kind, bytes] | None:
+def _next_command(fd: int, decoder: events.FrameDecoder) -> events.Event | None:
     """Block until one whole command frame arrives; None when the kernel closed the pipe."""
-    pending: list[tuple[channel.Kind, bytes]] = []
+    pending: list[events.Event] = []
     while not pending:
         chunk = os.read(fd, 1 << 20)
         if not chunk:
             return None
         pending = decoder.feed(chunk)
-    assert len(pending) == 1, "the kernel sends one command at a time"
+    if len(pending) != 1:
+        raise EngineStateError(f"a worker received {len(pending)} commands at once; the kernel sends one at a time")
     return pending[0]
 
 

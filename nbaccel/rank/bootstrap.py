@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
-from nbaccel.wire import frames as channel
+from nbaccel.wire import events
 from nbaccel.launch import warm
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
@@ -157,11 +157,11 @@ def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
         _send_error(channel_fd, exc)
         return 1
     try:
-        payload = channel.dumps(value)
+        payload = events.dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure
         _send_unpicklable(channel_fd, value, exc)
         return 1
-    channel.send_bytes(channel_fd, channel.Kind.RESULT, payload)
+    events.send_bytes(channel_fd, events.Kind.RESULT, payload)
     return 0
 
 
@@ -180,9 +180,9 @@ def _send_error(channel_fd: int, exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("nbaccel."):
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    channel.send(
+    events.send(
         channel_fd,
-        channel.Kind.ERROR,
+        events.Kind.ERROR,
         {"type_name": type(exc).__qualname__, "message": str(exc), "traceback": text, "timestamp": time.time()},
     )
 
@@ -194,9 +194,9 @@ def _send_unpicklable(channel_fd: int, value: Any, exc: Exception) -> None:
         "Return plain data instead (numbers, lists, dicts, CPU tensors, state_dict()), "
         "or save it to a file and return the path."
     )
-    channel.send(
+    events.send(
         channel_fd,
-        channel.Kind.ERROR,
+        events.Kind.ERROR,
         {"type_name": "UnpicklableResultError", "message": message, "traceback": "", "timestamp": time.time()},
     )
 
@@ -204,7 +204,7 @@ def _send_unpicklable(channel_fd: int, value: Any, exc: Exception) -> None:
 def _report_imports(at_start: set[str], channel_fd: int) -> None:
     imported = warm.imported_by_rank(at_start)
     if imported:
-        channel.send(channel_fd, channel.Kind.IMPORTED, sorted(imported))
+        events.send(channel_fd, events.Kind.IMPORTED, sorted(imported))
 
 
 def _leave_process_group(release_fd: int | None) -> None:

@@ -28,8 +28,8 @@ import struct
 import sys
 from typing import Any
 
-from nbaccel.wire import frames as channel
 from nbaccel.wire import events
+from nbaccel.wire import rich
 from nbaccel.rank import progress_hooks as rank_progress
 from nbaccel.rank.import_hooks import when_imported
 
@@ -42,7 +42,7 @@ def install(channel_fd: int) -> None:
     Plain text needs no hook: it flows through the stdout/stderr pipes.
     """
     _state["fd"] = channel_fd
-    channel.send_bytes(channel_fd, channel.Kind.EVENT, started_payload(os.getpid()))
+    events.send_bytes(channel_fd, events.Kind.RICH, started_payload(os.getpid()))
     when_imported("comm", _silence_comms)
     when_imported("IPython", _publish_displays)
     rank_progress.install(channel_fd)
@@ -73,7 +73,7 @@ _PID_FIELD = pickle.BININT + struct.pack("<i", _PID_PLACEHOLDER)
 def _started_template() -> tuple[bytes, bytes] | None:
     """The pickled ``started`` event split around its pid field; None if the pickler's output
     does not have the expected form (then each rank pickles its own)."""
-    head, found, tail = channel.dumps(events.started_event(_PID_PLACEHOLDER)).partition(_PID_FIELD)
+    head, found, tail = events.dumps(rich.started_event(_PID_PLACEHOLDER)).partition(_PID_FIELD)
     return (head, tail) if found and _PID_FIELD not in tail else None
 
 
@@ -81,14 +81,14 @@ _STARTED = _started_template()
 
 
 def started_payload(pid: int) -> bytes:
-    """The pickled ``started`` event of ``pid``, as ``channel.dumps(events.started_event(pid))``.
+    """The pickled ``started`` event of ``pid``, as ``events.dumps(rich.started_event(pid))``.
 
     Example:
-        >>> channel.loads(started_payload(4194304)) == events.started_event(4194304)
+        >>> events.loads(started_payload(4194304)) == rich.started_event(4194304)
         True
     """
     if _STARTED is None or not 0 <= pid < 2**31:
-        return channel.dumps(events.started_event(pid))
+        return events.dumps(rich.started_event(pid))
     head, tail = _STARTED
     return head + pickle.BININT + struct.pack("<i", pid) + tail
 
@@ -165,10 +165,10 @@ class RankDisplayPublisher:
         **kwargs: Any,
     ) -> None:
         display_id = (transient or {}).get("display_id")
-        _send(events.display_event(data, metadata, display_id, update))
+        _send(rich.display_event(data, metadata, display_id, update))
 
     def clear_output(self, wait: bool = False) -> None:
-        _send(events.clear_event(wait))
+        _send(rich.clear_event(wait))
 
 
 _PUBLISHER = RankDisplayPublisher()
@@ -179,7 +179,7 @@ def _send(event: dict[str, Any]) -> None:
     if fd is None:
         return
     try:
-        channel.send(fd, channel.Kind.EVENT, event)
+        events.send(fd, events.Kind.RICH, event)
     except Exception as exc:  # noqa: BLE001 - unpicklable metadata, say: show why, keep running
         print(f"nbaccel: could not forward a display to the kernel ({type(exc).__name__}: {exc})", file=sys.stderr)
 

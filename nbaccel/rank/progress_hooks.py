@@ -24,8 +24,8 @@ import sys
 import time
 from typing import Any
 
-from nbaccel.wire import frames as channel
 from nbaccel.wire import events
+from nbaccel.wire import rich
 from nbaccel.rank.import_hooks import when_imported
 
 MIN_INTERVAL = 0.05  # seconds between two events of one bar (tqdm itself defaults to 0.1)
@@ -154,7 +154,7 @@ def _send(bar: Any, closed: bool, force: bool) -> None:
         event = _event(bar, closed)
     except Exception:  # noqa: BLE001 - a bar that cannot format itself must not stop training
         return
-    channel.send(fd, channel.Kind.EVENT, event)
+    events.send(fd, events.Kind.RICH, event)
 
 
 def _event(bar: Any, closed: bool) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def _event(bar: Any, closed: bool) -> dict[str, Any]:
         left, right = "", split
     leave = (abs(getattr(bar, "pos", 0)) == 0) if bar.leave is None else bool(bar.leave)
     failed = bool(closed and bar.total and bar.n < bar.total)
-    return events.progress_event(
+    return rich.progress_event(
         bar=bar._nbaccel_bar,
         n=bar.n,
         total=bar.total,

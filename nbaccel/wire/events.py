@@ -1,110 +1,191 @@
-"""The rich-output events a rank sends to the kernel on its channel (``channel.Kind.EVENT``).
+"""The one event stream between a rank and the kernel: framed, versioned, encoded and decoded here.
 
-Every event is a plain dict with a ``"type"`` key, so it pickles anywhere and a sink that does
-not know a type can ignore it. The rank side builds them (``nbaccel.rank.display_hooks``), the
-kernel side renders them (``WidgetSink`` in the rank's panel, ``RichTextSink`` as text lines).
+Everything a rank tells the kernel (rich output, imports, ready, result, error, stacks) and every
+command the kernel gives a persistent rank (task, stop) is one ``Event``: a kind and a payload.
 
-Types:
-    ``started``: the rank is up and its hooks are installed (``pid``).
-    ``display``: IPython ``display()`` output: ``data`` (a mimebundle), ``metadata``,
-        ``display_id`` (or None) and ``update`` (True: replace the output with that id).
-    ``clear_output``: IPython ``clear_output(wait)``.
-    ``progress``: one progress bar's state: ``bar`` (id, unique in the rank), ``n``, ``total``,
-        ``left``/``right`` (the text around the bar), ``text`` (the whole meter as one line),
-        ``closed``, ``leave`` and ``failed`` (the bar stopped short because of an error).
+Frame format (version 1), all integers big-endian::
+
+    offset 0   1 byte   format version (1)
+    offset 1   1 byte   kind (``Kind``)
+    offset 2   8 bytes  payload length N
+    offset 10  N bytes  payload: a pickle (cloudpickle where plain pickle cannot)
+
+A reader that meets another version or an unknown kind raises ``FrameError`` rather than guess.
+Locally the stream runs over a pipe private to one launch (created by the kernel, inherited only
+by its own child), so nothing decoded here came from a network. A rank's stdout and stderr are
+not framed locally: they are the raw file descriptors 1 and 2 (C libraries write there too), cut
+into lines by the kernel; a node agent forwards those same lines as ``LINES`` events, so the
+kernel's loop receives ``lines(rank, stream, lines)`` either way. Over a network every frame is
+signed before anything is unpickled (nbaccel.agent).
 
 Example:
-    >>> event = display_event({"text/plain": "<Figure>", "image/png": "iVBOR..."})
-    >>> plain_text(event)
-    '<Figure>'
+    >>> r, w = os.pipe()
+    >>> send(w, Kind.RESULT, {"loss": 0.5})
+    >>> decoder = FrameDecoder()
+    >>> [(event.kind.name, event.value()) for event in decoder.feed(os.read(r, 1024))]
+    [('RESULT', {'loss': 0.5})]
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import io
+import os
+import pickle
+import signal
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-STARTED = "started"
-DISPLAY = "display"
-CLEAR_OUTPUT = "clear_output"
-PROGRESS = "progress"
+from nbaccel.errors import FrameError
 
-# A widget displayed inside a rank lives in the rank's process: the kernel has no such model, so
-# a frontend would show "model not found". Its other representations are kept.
-WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+VERSION = 1
+_HEADER = struct.Struct("!BBQ")
+# A rank may send from several threads (a tqdm monitor, a logging thread): frames must not interleave.
+_SEND_LOCK = threading.Lock()
 
 
-def started_event(pid: int) -> dict[str, Any]:
-    return {"type": STARTED, "pid": pid}
+class Kind(enum.IntEnum):
+    RESULT = 1  # the rank's return value (of the launch, or of one task on a persistent worker)
+    ERROR = 2  # a RemoteError's fields: the rank raised
+    RICH = 3  # rich output for the sinks: a dict of nbaccel.wire.rich (display data, progress)
+    READY = 4  # a persistent worker joined its process group and waits for tasks: {pid, device}
+    TASK = 5  # kernel to worker: run this callable over the worker's namespace
+    STOP = 6  # kernel to worker: leave the serve loop
+    IMPORTED = 7  # heavy modules the rank had to import (nbaccel.launch.warm), for the kernel to preload
+    LINES = 8  # a remote rank's output lines: {stream, lines} (local ranks use raw pipes instead)
+    STACK = 9  # where the rank is: its Python stacks as text, dumped on request
 
 
-def display_event(
-    data: dict[str, Any],
-    metadata: dict[str, Any] | None = None,
-    display_id: str | None = None,
-    update: bool = False,
-) -> dict[str, Any]:
-    """A ``display()`` from a rank; ``data`` loses representations the kernel cannot show."""
-    clean = {mime: value for mime, value in data.items() if mime != WIDGET_VIEW_MIME}
-    if not clean:
-        clean = {"text/plain": "<a widget displayed on a rank (not shown: widgets live in the kernel)>"}
-    return {
-        "type": DISPLAY,
-        "data": clean,
-        "metadata": dict(metadata or {}),
-        "display_id": display_id,
-        "update": bool(update),
-    }
+@dataclass(frozen=True)
+class Event:
+    """One decoded frame: its kind, and its payload still pickled (decode with ``value()``)."""
+
+    kind: Kind
+    payload: bytes
+
+    def value(self) -> Any:
+        return loads(self.payload)
 
 
-def clear_event(wait: bool = False) -> dict[str, Any]:
-    return {"type": CLEAR_OUTPUT, "wait": bool(wait)}
+def dumps(value: Any) -> bytes:
+    """Pickle ``value``, falling back to cloudpickle for lambdas and notebook-defined classes.
+
+    Tensors on a GPU are moved to the CPU on the way: unpickling a CUDA tensor in the kernel
+    would initialise CUDA there, and no later launch could fork.
+    """
+    on_gpu = _cuda_in_use()
+    try:
+        if not on_gpu:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return _dump_with(_cpu_pickler(pickle.Pickler), value)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle  # only when plain pickle cannot: it is slower and imports more
+
+        if not on_gpu:
+            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return _dump_with(_cpu_pickler(cloudpickle.Pickler), value)
 
 
-def progress_event(
-    bar: int,
-    n: float,
-    total: float | None,
-    left: str,
-    right: str,
-    text: str,
-    closed: bool = False,
-    leave: bool = True,
-    failed: bool = False,
-) -> dict[str, Any]:
-    return {
-        "type": PROGRESS,
-        "bar": bar,
-        "n": n,
-        "total": total,
-        "left": left,
-        "right": right,
-        "text": text,
-        "closed": closed,
-        "leave": leave,
-        "failed": failed,
-    }
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
 
 
-def plain_text(event: dict[str, Any]) -> str | None:
-    """What a text-only destination shows for ``event``; None when it shows nothing."""
-    kind = event.get("type")
-    if kind == DISPLAY:
-        data = event.get("data") or {}
-        text = data.get("text/plain")
-        if text is not None:
-            return str(text)
-        return "[" + ", ".join(sorted(data)) + "]" if data else None
-    if kind == PROGRESS:
-        return str(event.get("text", ""))
-    if kind in (STARTED, CLEAR_OUTPUT):
-        return None
-    text = event.get("text")  # an event type from a newer nbaccel: show its text if it has one
-    return str(text) if text else None
+def _dump_with(pickler_class: type, value: Any) -> bytes:
+    buffer = io.BytesIO()
+    pickler_class(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
 
 
-def progress_fraction(event: dict[str, Any]) -> float | None:
-    """``n / total`` clipped to [0, 1], or None when the total is unknown."""
-    total = event.get("total")
-    if not total:
-        return None
-    return max(0.0, min(1.0, float(event.get("n", 0)) / float(total)))
+def _cpu_pickler(base: type) -> type:
+    import torch
+
+    class CpuPickler(base):  # type: ignore[misc, valid-type]
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            parent = getattr(super(), "reducer_override", None)
+            return parent(obj) if parent is not None else NotImplemented
+
+    return CpuPickler
+
+
+def loads(payload: bytes) -> Any:
+    return pickle.loads(payload)
+
+
+def send(fd: int, kind: Kind, value: Any) -> None:
+    """Write one frame (blocking). Raises whatever pickling raises, before writing anything."""
+    send_bytes(fd, kind, dumps(value))
+
+
+def send_bytes(fd: int, kind: Kind, payload: bytes, defer_sigint: bool = True) -> None:
+    """Write one frame. ``defer_sigint=False`` lets an interrupt stop a write that blocks (the
+    kernel's side, which then treats the stream as broken)."""
+    with _SEND_LOCK, (_sigint_deferred() if defer_sigint else contextlib.nullcontext()):
+        _write_all(fd, encode_header(kind, len(payload)))
+        _write_all(fd, payload)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold SIGINT back while a frame is written: a KeyboardInterrupt half-way would corrupt the
+    stream for every frame after it (persistent workers outlive interrupts)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def encode_header(kind: Kind, length: int) -> bytes:
+    return _HEADER.pack(VERSION, kind, length)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class FrameDecoder:
+    """Reassembles frames from the chunks a non-blocking reader gets."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """Every event completed by ``chunk``; raises FrameError on a frame it cannot read."""
+        self._buffer += chunk
+        decoded = []
+        while len(self._buffer) >= _HEADER.size:
+            version, kind, length = _HEADER.unpack_from(self._buffer)
+            if version != VERSION:
+                raise FrameError(f"event frame of format version {version}, but this nbaccel reads version {VERSION}; run the same nbaccel on both ends.")
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            decoded.append(Event(_kind(kind), bytes(self._buffer[_HEADER.size : end])))
+            del self._buffer[:end]
+        return decoded
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame still waiting for the rest."""
+        return len(self._buffer)
+
+
+def _kind(code: int) -> Kind:
+    try:
+        return Kind(code)
+    except ValueError:
+        raise FrameError(f"unknown event kind {code} in a frame; run the same nbaccel version on both ends.") from None

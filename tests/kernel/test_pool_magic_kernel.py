@@ -138,7 +138,7 @@ def test_a_crashing_rank_stops_the_workers_and_the_error_names_it(workers: Kerne
     run = workers.execute("%%distributed\nimport os, signal, time\nif state.process_index == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(30)")
     assert run.error["ename"] == "RankFailedError"
     assert "rank 1 failed: killed by SIGKILL" in "\n".join(run.error["traceback"])
-    assert "the workers were stopped" in run.stderr
+    assert "the workers were stopped" in run.stdout
     assert psutil.Process(workers.pid).children() == []
     assert "(or %distributed restart, with the same options)" in ok(workers, "%distributed status").stdout
     after = ok(workers, "%%distributed -n 2\n5")

@@ -277,7 +277,7 @@ def flaky_on_first_attempt() -> int:
 
 def test_max_restarts_relaunches_the_group_and_reports_each_attempt(capfd: pytest.CaptureFixture[str]) -> None:
     assert nbaccel.notebook_launcher(flaky_on_first_attempt, num_processes=2, max_restarts=2) == [1, 1]
-    assert "attempt 1 of 3 failed (rank 1: failed (RuntimeError: transient failure)); restarting all 2 ranks" in capfd.readouterr().err
+    assert "attempt 1 of 3 failed (rank 1: failed (RuntimeError: transient failure)); restarting all 2 ranks" in capfd.readouterr().out
 
 
 def always_fails() -> None:
@@ -311,7 +311,7 @@ def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe(monkeypat
     monkeypatch.setattr(plan_module, "fork_hazards", lambda: ["CUDA is already initialised in this kernel"])
     results = nbaccel.notebook_launcher(all_reduce_rank, num_processes=2)
     assert results == [(0, 2, 3.0), (1, 2, 3.0)]
-    err = capfd.readouterr().err
+    err = capfd.readouterr().out
     assert "nbaccel: CUDA is already initialised in this kernel; starting the ranks with spawn instead of fork (slower)." in err
 
 

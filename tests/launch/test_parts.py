@@ -8,7 +8,7 @@ import socket
 import psutil
 import pytest
 
-from nbaccel.wire import frames as channel
+from nbaccel.wire import events
 from nbaccel.launch.rank_env import loopback_interface, rank_environment
 from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, root_cause
 from nbaccel.launch.lines import LineSplitter
@@ -20,19 +20,19 @@ from nbaccel.launch.rendezvous import LoopbackRendezvous, is_loopback
 
 def test_frames_survive_any_chunking() -> None:
     values = [{"a": 1}, b"x" * 100_000, None, ("t", 2.5)]
-    data = b"".join(channel._HEADER.pack(channel.Kind.RESULT, len(p)) + p for p in map(channel.dumps, values))
+    data = b"".join(events.encode_header(events.Kind.RESULT, len(p)) + p for p in map(events.dumps, values))
     for step in (1, 7, 4096, len(data)):
-        decoder = channel.FrameDecoder()
+        decoder = events.FrameDecoder()
         frames = []
         for i in range(0, len(data), step):
             frames += decoder.feed(data[i : i + step])
-        assert [channel.loads(p) for _, p in frames] == values
+        assert [event.value() for event in frames] == values
         assert decoder.pending == 0
 
 
 def test_lambdas_fall_back_to_cloudpickle() -> None:
-    payload = channel.dumps(lambda x: x + 1)
-    assert channel.loads(payload)(1) == 2
+    payload = events.dumps(lambda x: x + 1)
+    assert events.loads(payload)(1) == 2
 
 
 def test_line_splitter_keeps_partial_lines_and_resolves_carriage_returns() -> None:

@@ -32,7 +32,7 @@ class FakePool:
 
     def __init__(self, num_processes: int = 2, **options: Any) -> None:
         self.options = options
-        self.starter = SimpleNamespace(start_method=options.get("start_method", "fork"))
+        self.start_method = options.get("start_method", "fork")
         self.num_processes = num_processes
         self.devices = ["cpu"] * num_processes
         self.alive = True

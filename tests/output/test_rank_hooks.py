@@ -186,11 +186,11 @@ def test_update_display_replaces_by_display_id(start_method: str) -> None:
 
 @pytest.mark.parametrize("pid", [1, 255, 65_535, 65_536, 4_194_304, 2**31 - 1])
 def test_the_prepickled_started_event_is_what_pickling_it_gives(pid: int) -> None:
-    from nbaccel.wire import frames as channel
     from nbaccel.wire import events
+    from nbaccel.wire import rich
     from nbaccel.rank import display_hooks as rank_hooks
 
-    assert channel.loads(rank_hooks.started_payload(pid)) == events.started_event(pid)
+    assert events.loads(rank_hooks.started_payload(pid)) == rich.started_event(pid)
 
 
 def test_tqdms_patched_methods_are_made_in_the_kernel_before_a_fork_and_tqdm_stays_untouched() -> None:

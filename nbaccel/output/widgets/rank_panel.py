@@ -23,7 +23,7 @@ from typing import Any
 import ipywidgets as w
 
 from nbaccel.launch.outcome import RankOutcome
-from nbaccel.wire import events
+from nbaccel.wire import rich
 from nbaccel.output.status_words import failure_headline
 
 CHUNK_LINES = 100
@@ -138,7 +138,7 @@ class RankPanel:
         self.failure = outcome
         self._failure_dirty = True
         for bar in self.bars.values():
-            if not bar.state.get("closed") and events.progress_fraction(bar.state) != 1.0:
+            if not bar.state.get("closed") and rich.progress_fraction(bar.state) != 1.0:
                 bar.state = {**bar.state, "failed": True}
                 bar.dirty = True
 
@@ -332,7 +332,7 @@ def _bar_widget() -> w.HBox:
 
 def _update_bar(box: w.HBox, state: dict[str, Any]) -> None:
     left, progress, right = box.children
-    fraction = events.progress_fraction(state)
+    fraction = rich.progress_fraction(state)
     style = "danger" if state.get("failed") else "success" if state.get("closed") and fraction in (None, 1.0) else ""
     with progress.hold_sync():
         progress.value = 1.0 if fraction is None else fraction

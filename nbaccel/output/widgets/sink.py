@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from nbaccel.launch.outcome import RankOutcome, Status
-from nbaccel.wire import events
+from nbaccel.wire import rich
 from nbaccel.output.widgets.live_view import LaunchView, ranks_words
 from nbaccel.output.logdir import DEFAULT_KEEP, LaunchLogs
 from nbaccel.output.text import RichTextSink
@@ -173,17 +173,17 @@ class WidgetSink:
             self._mark_running(rank)
             panel = self.view.panel(rank)
             kind = event.get("type")
-            if kind == events.DISPLAY:
+            if kind == rich.DISPLAY:
                 panel.add_display(event)
                 self._log_event(rank, event)
-            elif kind == events.CLEAR_OUTPUT:
+            elif kind == rich.CLEAR_OUTPUT:
                 panel.clear(bool(event.get("wait")))
-            elif kind == events.PROGRESS:
+            elif kind == rich.PROGRESS:
                 panel.set_progress(event)
                 if event.get("closed") and event.get("leave", True):
                     self._log_event(rank, event)
-            elif kind != events.STARTED:
-                text = events.plain_text(event)  # a newer rank's event: its text, if any
+            elif kind != rich.STARTED:
+                text = rich.plain_text(event)  # a newer rank's event: its text, if any
                 if text:
                     panel.add_lines("stdout", text.splitlines())
             self._push_due(time.monotonic())
@@ -345,7 +345,7 @@ class WidgetSink:
             self.logs.reopen(attempt)
 
     def _log_event(self, rank: int, event: dict[str, Any]) -> None:
-        text = events.plain_text(event)
+        text = rich.plain_text(event)
         if self.logs is not None and text:
             self.logs.write(rank, text.splitlines())
 

@@ -1,0 +1,69 @@
+"""The policy of one task on persistent workers: wait for the chosen ranks' answers, keep the pool.
+
+Unlike a one-shot launch, a failing or interrupted task must leave the workers alive: the other
+busy ranks get SIGINT (Python code and sleeps unwind with KeyboardInterrupt and report it), and
+only ranks that do not answer within INTERRUPT_GRACE seconds (stuck in a collective or native
+code) make the pool unusable. A rank that exits is a broken pool at once.
+
+Example::
+
+    policy = Task()
+    EventLoop(group, sink, policy, ranks=[0, 1], deadline=None).run()
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from nbaccel.launch.loop import EventLoop, Policy
+from nbaccel.launch.outcome import RankOutcome, Status, crash_status
+
+INTERRUPT_GRACE = 10.0
+
+
+class Task(Policy):
+    """Collects one task's answer from each rank taking part; knows when the pool broke."""
+
+    def __init__(self, grace: float | None = None) -> None:
+        self.grace = INTERRUPT_GRACE if grace is None else grace
+        self.exited: list[RankOutcome] = []  # ranks whose process ended: the pool is broken
+        self._grace_ends: float | None = None
+
+    def stuck(self, loop: EventLoop) -> list[int]:
+        """Ranks that did not answer within the grace after SIGINT."""
+        if self._grace_ends is None or time.monotonic() < self._grace_ends:
+            return []
+        return loop.running()
+
+    def done(self, loop: EventLoop) -> bool:
+        return bool(self.exited or self.stuck(loop) or not loop.running())
+
+    def on_answer(self, loop: EventLoop, outcome: RankOutcome, raised: bool) -> None:
+        loop.finish(outcome)
+        if outcome.status is Status.FAILED and raised:
+            self._interrupt(loop, Status.STOPPED)  # peers may wait for it in a collective
+
+    def on_exit(self, loop: EventLoop, outcome: RankOutcome) -> None:
+        outcome.status = crash_status(-outcome.signal if outcome.signal is not None else outcome.exitcode or 0)
+        self.exited.append(outcome)
+        loop.finish(outcome)
+
+    def on_timeout(self, loop: EventLoop) -> None:
+        self._interrupt(loop, Status.TIMED_OUT)
+
+    def on_interrupt(self, loop: EventLoop) -> None:
+        self._interrupt(loop, Status.INTERRUPTED)
+
+    def on_second_interrupt(self, loop: EventLoop) -> None:
+        self.exited.append(RankOutcome(-1, Status.INTERRUPTED))  # give up on the workers
+
+    def wake_at(self) -> float | None:
+        return self._grace_ends
+
+    def _interrupt(self, loop: EventLoop, reason: Status) -> None:
+        """SIGINT every rank still busy with the task; they have ``grace`` seconds to answer."""
+        loop.begin_stop(reason)
+        if self._grace_ends is None:
+            self._grace_ends = time.monotonic() + self.grace
+            loop.escalate([(0.0, signal.SIGINT)], loop.running(), keep=True)

@@ -1,0 +1,110 @@
+"""The rich-output events a rank sends to the kernel on its event stream (``events.Kind.RICH``).
+
+Every event is a plain dict with a ``"type"`` key, so it pickles anywhere and a sink that does
+not know a type can ignore it. The rank side builds them (``nbaccel.rank.display_hooks``), the
+kernel side renders them (``WidgetSink`` in the rank's panel, ``RichTextSink`` as text lines).
+
+Types:
+    ``started``: the rank is up and its hooks are installed (``pid``).
+    ``display``: IPython ``display()`` output: ``data`` (a mimebundle), ``metadata``,
+        ``display_id`` (or None) and ``update`` (True: replace the output with that id).
+    ``clear_output``: IPython ``clear_output(wait)``.
+    ``progress``: one progress bar's state: ``bar`` (id, unique in the rank), ``n``, ``total``,
+        ``left``/``right`` (the text around the bar), ``text`` (the whole meter as one line),
+        ``closed``, ``leave`` and ``failed`` (the bar stopped short because of an error).
+
+Example:
+    >>> event = display_event({"text/plain": "<Figure>", "image/png": "iVBOR..."})
+    >>> plain_text(event)
+    '<Figure>'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STARTED = "started"
+DISPLAY = "display"
+CLEAR_OUTPUT = "clear_output"
+PROGRESS = "progress"
+
+# A widget displayed inside a rank lives in the rank's process: the kernel has no such model, so
+# a frontend would show "model not found". Its other representations are kept.
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def started_event(pid: int) -> dict[str, Any]:
+    return {"type": STARTED, "pid": pid}
+
+
+def display_event(
+    data: dict[str, Any],
+    metadata: dict[str, Any] | None = None,
+    display_id: str | None = None,
+    update: bool = False,
+) -> dict[str, Any]:
+    """A ``display()`` from a rank; ``data`` loses representations the kernel cannot show."""
+    clean = {mime: value for mime, value in data.items() if mime != WIDGET_VIEW_MIME}
+    if not clean:
+        clean = {"text/plain": "<a widget displayed on a rank (not shown: widgets live in the kernel)>"}
+    return {
+        "type": DISPLAY,
+        "data": clean,
+        "metadata": dict(metadata or {}),
+        "display_id": display_id,
+        "update": bool(update),
+    }
+
+
+def clear_event(wait: bool = False) -> dict[str, Any]:
+    return {"type": CLEAR_OUTPUT, "wait": bool(wait)}
+
+
+def progress_event(
+    bar: int,
+    n: float,
+    total: float | None,
+    left: str,
+    right: str,
+    text: str,
+    closed: bool = False,
+    leave: bool = True,
+    failed: bool = False,
+) -> dict[str, Any]:
+    return {
+        "type": PROGRESS,
+        "bar": bar,
+        "n": n,
+        "total": total,
+        "left": left,
+        "right": right,
+        "text": text,
+        "closed": closed,
+        "leave": leave,
+        "failed": failed,
+    }
+
+
+def plain_text(event: dict[str, Any]) -> str | None:
+    """What a text-only destination shows for ``event``; None when it shows nothing."""
+    kind = event.get("type")
+    if kind == DISPLAY:
+        data = event.get("data") or {}
+        text = data.get("text/plain")
+        if text is not None:
+            return str(text)
+        return "[" + ", ".join(sorted(data)) + "]" if data else None
+    if kind == PROGRESS:
+        return str(event.get("text", ""))
+    if kind in (STARTED, CLEAR_OUTPUT):
+        return None
+    text = event.get("text")  # an event type from a newer nbaccel: show its text if it has one
+    return str(text) if text else None
+
+
+def progress_fraction(event: dict[str, Any]) -> float | None:
+    """``n / total`` clipped to [0, 1], or None when the total is unknown."""
+    total = event.get("total")
+    if not total:
+        return None
+    return max(0.0, min(1.0, float(event.get("n", 0)) / float(total)))
