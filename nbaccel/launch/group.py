@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
-from nbaccel.launch.rank_env import rank_environment
+from nbaccel.wire.rank_env import rank_environment
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.rank.bootstrap import Job

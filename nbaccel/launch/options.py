@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from nbaccel.launch.rendezvous import is_loopback
+from nbaccel.wire.rank_env import MIXED_PRECISIONS, MixedPrecision
 
-MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]
+__all__ = ["MIXED_PRECISIONS", "OUTPUT_MODES", "START_METHODS", "LaunchOptions", "MixedPrecision", "OutputMode", "StartMethod", "check_callable", "check_timeout"]
+
 StartMethod = Literal["auto", "fork", "spawn"]
 OutputMode = Literal["auto", "text", "widgets"]
 
-MIXED_PRECISIONS: tuple[str, ...] = get_args(MixedPrecision)
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
 

@@ -12,9 +12,8 @@ import sys
 
 from nbaccel.wire.portable import Sourced
 from nbaccel.rank.bootstrap import ChildEnds, Job
+from nbaccel.rank.spawn_entry import CHANNEL_FD, COMMANDS_FD
 
-CHANNEL_FD = 3  # where the spawned rank finds its channel pipe
-COMMANDS_FD = 4  # and, for persistent workers, its command pipe
 
 
 class SpawnStarter:

@@ -7,29 +7,19 @@ returns: the first DDP launch pays once, every later one starts warm. Only allow
 are ever imported in the kernel (an arbitrary module might initialise CUDA on import).
 
 Example:
-    >>> before = imported_by_rank(set())
-    >>> sorted(before) == sorted(m for m in WARM_MODULES if m in sys.modules)
-    True
+    >>> note(["os.path", "torch._dynamo"])  # only allow-listed names are kept
+    >>> sorted(_noted)
+    ['torch._dynamo']
+    >>> _noted.clear()
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 
-WARM_MODULES = ("torch._dynamo",)
+from nbaccel.rank.heavy_imports import WARM_MODULES, present
 
 _noted: set[str] = set()
-
-
-def present() -> set[str]:
-    """The allow-listed modules this process has now (a rank records them when it starts)."""
-    return {name for name in WARM_MODULES if name in sys.modules}
-
-
-def imported_by_rank(at_start: set[str]) -> set[str]:
-    """Allow-listed modules a rank imported since it started."""
-    return present() - at_start
 
 
 def note(modules: list[str]) -> None:

@@ -31,7 +31,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
-from nbaccel.launch.rank_env import MIXED_PRECISIONS
+from nbaccel.launch.options import MIXED_PRECISIONS
 from nbaccel.errors import NbaccelError
 from nbaccel.notebook.options import (
     check_for_workers,

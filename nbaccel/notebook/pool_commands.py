@@ -19,7 +19,7 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from nbaccel.launch.rank_env import MIXED_PRECISIONS
+from nbaccel.launch.options import MIXED_PRECISIONS
 from nbaccel.notebook.options import gpu_list, non_negative_int, positive_int, variable_name
 from nbaccel.launch.options import START_METHODS
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from nbaccel.wire import events
-from nbaccel.launch import warm
+from nbaccel.rank import heavy_imports
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 
@@ -59,7 +59,7 @@ class ChildEnds:
 def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
     """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code."""
     exit_code = _EXIT_SETUP_FAILED
-    modules_at_start = warm.present()
+    modules_at_start = heavy_imports.present()
     try:
         _detach_from_kernel(parent_pid, close_fds)
         redirect_stdio(ends.stdout, ends.stderr)
@@ -202,7 +202,7 @@ def _send_unpicklable(channel_fd: int, value: Any, exc: Exception) -> None:
 
 
 def _report_imports(at_start: set[str], channel_fd: int) -> None:
-    imported = warm.imported_by_rank(at_start)
+    imported = heavy_imports.imported_by_rank(at_start)
     if imported:
         events.send(channel_fd, events.Kind.IMPORTED, sorted(imported))
 

@@ -6,6 +6,9 @@ import os
 import pickle
 import sys
 
+CHANNEL_FD = 3  # where the spawned rank finds its event pipe (the kernel's spawn puts it there)
+COMMANDS_FD = 4  # and, for persistent workers, its command pipe
+
 
 def main() -> None:
     payload = sys.stdin.buffer.read()  # first, so the kernel's write never waits on our imports
@@ -14,7 +17,6 @@ def main() -> None:
     os.close(devnull)
     spec = pickle.loads(payload)  # bytes from our own parent, over a private pipe
 
-    from nbaccel.launch.spawn import CHANNEL_FD, COMMANDS_FD
     from nbaccel.rank.bootstrap import ChildEnds, run_rank
 
     ends = ChildEnds(1, 2, CHANNEL_FD, COMMANDS_FD if spec["commands"] else None)

@@ -3,7 +3,7 @@
 Read-only and pure: `LaunchEnvironment.read` parses a mapping (``os.environ`` by default) and
 validates it, so that a malformed variable fails here, with its value, rather than deep inside a
 rendezvous. The names are the standard torch ones (set by nbaccel's launcher, torchrun and
-``accelerate launch`` alike) plus nbaccel's and Accelerate's own, spelled once in ``nbaccel.launch.rank_env``.
+``accelerate launch`` alike) plus nbaccel's and Accelerate's own, spelled once in ``nbaccel.wire.rank_env``.
 
 Example:
     >>> env = LaunchEnvironment.read({"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "2"})
@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nbaccel.launch import rank_env as names
+from nbaccel.wire import rank_env as names
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 DEVICE_TYPES = ("cpu", "cuda")

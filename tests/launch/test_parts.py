@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from nbaccel.wire import events
-from nbaccel.launch.rank_env import loopback_interface, rank_environment
+from nbaccel.wire.rank_env import loopback_interface, rank_environment
 from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, root_cause
 from nbaccel.launch.lines import LineSplitter
 from nbaccel.output.choose import make_sink

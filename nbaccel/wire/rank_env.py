@@ -15,6 +15,7 @@ import functools
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
 
 # Variables the state reads. Kept here so the launcher and the state agree on one spelling.
 FORK_LAUNCHED = "NBACCEL_FORK_LAUNCHED"  # "1" when nbaccel forked this process; it owns teardown
@@ -23,7 +24,8 @@ MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Acce
 ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
 ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
 
-from nbaccel.launch.options import MIXED_PRECISIONS  # noqa: E402,F401 - where the magics look it up
+MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]
+MIXED_PRECISIONS: tuple[str, ...] = get_args(MixedPrecision)
 
 
 @functools.lru_cache(maxsize=1)

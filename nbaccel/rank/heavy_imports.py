@@ -1,0 +1,25 @@
+"""Rank side of warming: which allow-listed heavy modules a rank had to import itself.
+
+The rank reports them (``Kind.IMPORTED``) and the kernel imports them after the launch, so later
+forks inherit them (``nbaccel.launch.warm``).
+
+Example:
+    >>> imported_by_rank(present()) == set()
+    True
+"""
+
+from __future__ import annotations
+
+import sys
+
+WARM_MODULES = ("torch._dynamo",)
+
+
+def present() -> set[str]:
+    """The allow-listed modules this process has now (a rank records them when it starts)."""
+    return {name for name in WARM_MODULES if name in sys.modules}
+
+
+def imported_by_rank(at_start: set[str]) -> set[str]:
+    """Allow-listed modules a rank imported since it started."""
+    return present() - at_start
