@@ -64,6 +64,9 @@ class RankFailedError(NbaccelError):
             parts.append(f"\nLast output of rank {self.rank}:\n{tail}")
         summary = "\n".join(f"  {o.describe()}" for o in self.outcomes)
         parts.append(f"\nAll ranks:\n{summary}")
+        where = [f"  {o.where}" for o in self.outcomes if o.where]
+        if where:
+            parts.append("\nWhere the other ranks were when they were stopped:\n" + "\n".join(where))
         if len(self.attempts) > 1:
             parts.append(f"\n(after {len(self.attempts)} attempts; max_restarts was {len(self.attempts) - 1})")
         return "\n".join(parts)
@@ -102,12 +105,18 @@ class LaunchTimeoutError(NbaccelError, TimeoutError):
         self.timeout = timeout
         self.running = running
         self.outcomes = outcomes
-        lines = [f"  rank {rank}: last output: {line!r}" if line else f"  rank {rank}: no output yet" for rank, line in running.items()]
+        where = {o.rank: o.where for o in outcomes if o.where}
+        lines = [_running_line(rank, line, where.get(rank)) for rank, line in running.items()]
         super().__init__(
             f"{what} timed out after {timeout:g} s and was stopped; ranks still running:\n"
             + "\n".join(lines)
             + f"\nRaise {option}= (or pass {option}=None) if the work needs longer, or look at why those ranks hang."
         )
+
+
+def _running_line(rank: int, line: str, where: str | None) -> str:
+    said = f"last output: {line!r}" if line else "no output yet"
+    return f"  rank {rank}: {said}" + (f"\n    {where}" if where else "")
 
 
 class FrameError(NbaccelError):

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from nbaccel.launch import warm
 from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.one_shot import run_launch
-from nbaccel.launch.options import LaunchOptions, check_callable
+from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_callable
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
@@ -36,6 +36,7 @@ def notebook_launcher(
     gpus: Sequence[int] | None = None,
     cpu: bool = False,
     output: str | Sink | None = None,
+    stall_report: float | None = DEFAULT_STALL_REPORT,
 ) -> list[T]:
     """Run ``function(*args)`` on ``num_processes`` ranks and return every rank's value, by rank.
 
@@ -58,6 +59,8 @@ def notebook_launcher(
         cpu: run CPU ranks on gloo even where GPUs are visible.
         output: "text", "widgets", "auto" or a Sink; default from NBACCEL_OUTPUT, else "auto"
             (widgets in a frontend that renders them, text lines ``[rank N] ...`` elsewhere).
+        stall_report: seconds without any output from any rank after which each rank's stack
+            is shown once in its view, without stopping anything; None turns this off.
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.
@@ -88,6 +91,7 @@ def notebook_launcher(
         cpu=cpu,
         use_port=use_port,  # type: ignore[arg-type]  # a str port is parsed by LaunchOptions
         master_addr=master_addr,
+        stall_report=stall_report,
     )
     plan = make_plan(options, started)
     launcher = LocalLauncher(choose_starter(options.start_method))

@@ -27,6 +27,7 @@ from nbaccel.launch.processes import RankProcess
 from nbaccel.wire.rank_env import rank_environment
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import LaunchPlan, RankStarter
+from nbaccel.launch.stacks import STACK_FILE_VARIABLE, RankStack, StackFiles
 from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events
 
@@ -40,8 +41,9 @@ _STORE_ORDER = (-1, 0)  # a rank connecting to the store is served before any ra
 class LocalRankGroup:
     """Every rank process of one attempt (or one pool), with the kernel's ends of their pipes."""
 
-    def __init__(self, rendezvous: LoopbackRendezvous) -> None:
+    def __init__(self, rendezvous: LoopbackRendezvous, stack_files: StackFiles) -> None:
         self.rendezvous = rendezvous
+        self.stack_files = stack_files
         self.processes: list[RankProcess] = []
         self.pipes: list[RankPipes] = []
         self._loop: EventLoop | None = None
@@ -59,13 +61,15 @@ class LocalRankGroup:
         short functions never make a process group, and the store costs milliseconds); a
         persistent one at once, since its ranks join their group before saying READY.
         """
-        group = cls(LoopbackRendezvous(plan.master_addr, plan.port))
+        group = cls(LoopbackRendezvous(plan.master_addr, plan.port), StackFiles())
         # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
         # stays shared instead of being copied page by page into every rank (copy-on-write).
         gc.freeze()
         try:
             for rank in range(plan.num_processes):
-                group._start_rank(starter, job, rank, _environment(plan, group.rendezvous, rank, attempt))
+                env = _environment(plan, group.rendezvous, rank, attempt)
+                env[STACK_FILE_VARIABLE] = group.stack_files.path(rank)
+                group._start_rank(starter, job, rank, env)
             if persistent:  # after the forks: the ranks are starting while the store comes up
                 group.rendezvous.start_store(plan.num_processes)
         except BaseException:
@@ -178,6 +182,10 @@ class LocalRankGroup:
     def pid(self, rank: int) -> int:
         return self.processes[rank].pid
 
+    def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
+        running = {rank: self.processes[rank].pid for rank in ranks if self.processes[rank].returncode is None}
+        return self.stack_files.collect(running) if running else {}
+
     def release(self) -> None:
         for pipes in self.pipes:
             if pipes.commands is None:
@@ -208,6 +216,7 @@ class LocalRankGroup:
         """Kill what still runs, then free the port, the pipes and the pidfds."""
         self.kill()
         self.rendezvous.close()
+        self.stack_files.close()
         for pipes in self.pipes:
             pipes.close()
         for proc in self.processes:

@@ -25,6 +25,7 @@ from nbaccel.launch import warm
 from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
 from nbaccel.launch.seam import RankGroup
 from nbaccel.output.sinks import Sink
+from nbaccel.wire import rich
 from nbaccel.wire.events import Event, Kind
 
 Order = tuple[int, int]  # (rank, source): rank 0 first, and its channel before its stdout
@@ -74,6 +75,7 @@ class EventLoop:
         ranks: Sequence[int] | None = None,
         deadline: float | None = None,
         timeout: float | None = None,
+        stall_report: float | None = None,
     ) -> None:
         self.group = group
         self.sink = sink
@@ -87,6 +89,9 @@ class EventLoop:
         self.timed_out = False
         self.running_at_timeout: dict[int, str] = {}
         self.ended: set[int] = set()  # ranks whose exit this loop delivered
+        self.stall_report = stall_report  # seconds without output after which stacks are shown once
+        self._last_activity = time.monotonic()
+        self._stall_shown = False
         self._signals: list[tuple[float, int, list[int]]] = []  # (when, signal, ranks)
         self._selector = selectors.DefaultSelector()
 
@@ -124,6 +129,7 @@ class EventLoop:
             now = time.monotonic()
             self._fire_signals(now)
             self._check_deadline(now)
+            self._check_stall(now)
             due = _tick_in(self.sink)
             if due is not None and due <= 0:
                 self.sink.tick()  # type: ignore[attr-defined]
@@ -131,7 +137,7 @@ class EventLoop:
 
     def _wait_time(self) -> float | None:
         moments = [when for when, _, _ in self._signals[:1]]
-        for moment in (self.deadline if not self.timed_out else None, self.policy.wake_at()):
+        for moment in (self.deadline if not self.timed_out else None, self.policy.wake_at(), self._stall_due()):
             if moment is not None:
                 moments.append(moment)
         now = time.monotonic()
@@ -150,6 +156,18 @@ class EventLoop:
         self.running_at_timeout = {rank: last_line(self.group.last_lines(rank)) for rank in self.running()}
         self.policy.on_timeout(self)
 
+    def _stall_due(self) -> float | None:
+        if self.stall_report is None or self._stall_shown:
+            return None
+        return self._last_activity + self.stall_report
+
+    def _check_stall(self, now: float) -> None:
+        due = self._stall_due()
+        if due is None or now < due or not self.running():
+            return
+        self._stall_shown = True  # once per quiet spell: output re-arms it
+        self.collect_stacks(self.running(), f"no output for {self.stall_report:g} s")
+
     # -- what a group's sources call -------------------------------------------------------------
 
     def add_reader(self, fd: int, handler: Callable[[], None], order: Order) -> None:
@@ -162,12 +180,14 @@ class EventLoop:
 
     def lines(self, rank: int, stream: str, lines: list[str]) -> None:
         """Whole lines ``rank`` wrote to ``stream``."""
+        self._active()
         self.sink.output(rank, stream, lines)
 
     def event(self, rank: int, event: Event) -> None:
         """One event from ``rank``'s stream (``nbaccel.wire.events``)."""
         kind = event.kind
         if kind is Kind.RICH:
+            self._active()
             self.sink.event(rank, event.value())
         elif kind is Kind.IMPORTED:
             warm.note(event.value())
@@ -186,7 +206,19 @@ class EventLoop:
         record_exit(outcome, returncode, self.stop_reason, self.group.was_signalled(rank), self.group.last_lines(rank))
         self.policy.on_exit(self, outcome)
 
+    def _active(self) -> None:
+        self._last_activity = time.monotonic()
+        self._stall_shown = False
+
     # -- what policies call ----------------------------------------------------------------------
+
+    def collect_stacks(self, ranks: Iterable[int], why: str) -> None:
+        """Ask ``ranks`` where they are; show it in each rank's view and keep it in its outcome."""
+        for rank, stack in sorted(self.group.stacks(ranks).items()):
+            outcome = self.outcomes.get(rank)
+            if outcome is not None:
+                outcome.where, outcome.stack = stack.summary, stack.text
+            self.sink.event(rank, rich.stack_event(stack.summary, stack.text, why))
 
     def finish(self, outcome: RankOutcome) -> None:
         """Tell the sink that ``outcome.rank`` is done with this launch or task."""

@@ -19,7 +19,7 @@ from typing import Any
 from nbaccel.errors import LaunchTimeoutError, RankFailedError
 from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.notices import say
-from nbaccel.launch.outcome import RankOutcome, Status, root_cause
+from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
 from nbaccel.launch.seam import LaunchPlan, Launcher
 from nbaccel.output.sinks import Sink
 from nbaccel.rank.bootstrap import Job
@@ -29,6 +29,12 @@ STOP_PLANS = {
     Status.STOPPED: [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
     Status.TIMED_OUT: [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
     Status.INTERRUPTED: [(0.0, signal.SIGINT), (2.0, signal.SIGTERM), (3.5, signal.SIGKILL)],
+}
+
+_STOP_WHY = {
+    Status.STOPPED: "stopped because another rank failed",
+    Status.TIMED_OUT: "stopped at the timeout",
+    Status.INTERRUPTED: "interrupted",
 }
 
 _LINGER = 3.0  # seconds a rank that reported its error may take to exit by itself
@@ -63,12 +69,12 @@ def run_attempt(launcher: Launcher, job: Job, plan: LaunchPlan, attempt: int, si
     with SinkSession(sink, plan.num_processes, attempt) as session:
         group = launcher.start_group(job, plan, attempt, persistent=False)
         try:
-            loop = session.watch(EventLoop(group, sink, OneShot(), deadline=plan.deadline, timeout=plan.timeout))
+            loop = session.watch(EventLoop(group, sink, OneShot(), deadline=plan.deadline, timeout=plan.timeout, stall_report=plan.stall_report))
             loop.run()
         finally:
             group.close()
     if loop.interrupted:
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(where_ranks_were(loop.outcome_list()))
     if loop.timed_out:
         raise LaunchTimeoutError(plan.timeout or 0.0, loop.running_at_timeout, loop.outcome_list())
     return loop.outcome_list()
@@ -106,6 +112,8 @@ class OneShot(Policy):
     def _stop(self, loop: EventLoop, reason: Status, spare: int | None = None) -> None:
         if not loop.begin_stop(reason):
             return
+        # Before any signal: where each rank still running is (after SIGINT its stack unwinds).
+        loop.collect_stacks([rank for rank in loop.running() if rank != spare], _STOP_WHY[reason])
         loop.escalate(STOP_PLANS[reason], [rank for rank in loop.ranks if rank != spare])
         if spare is not None:
             loop.escalate([(_LINGER, signal.SIGKILL)], [spare], keep=True)

@@ -29,6 +29,7 @@ OutputMode = Literal["auto", "text", "widgets"]
 
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
+DEFAULT_STALL_REPORT = 300.0  # five quiet minutes: long for a training loop that logs, short for a hang
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class LaunchOptions:
         cpu: CPU ranks on gloo even where GPUs are visible.
         use_port: the rendezvous port; None: a free one, fresh for every attempt.
         master_addr: the rendezvous address; one-node launches accept loopback only.
+        stall_report: when no rank has printed or progressed for this many seconds, show each
+            rank's stack once (nothing is stopped); None turns the watch off.
     """
 
     num_processes: int | None = None
@@ -56,6 +59,7 @@ class LaunchOptions:
     cpu: bool = False
     use_port: int | None = None
     master_addr: str = "127.0.0.1"
+    stall_report: float | None = DEFAULT_STALL_REPORT
 
     def __post_init__(self) -> None:
         _check_choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
@@ -63,6 +67,7 @@ class LaunchOptions:
         if self.num_processes is not None and not _is_whole(self.num_processes, 1):
             raise ValueError(f"num_processes must be a whole number >= 1, got {self.num_processes!r}.")
         check_timeout(self.timeout)
+        check_timeout(self.stall_report, "stall_report")
         if not _is_whole(self.max_restarts, 0):
             raise ValueError(f"max_restarts must be a whole number >= 0, got {self.max_restarts!r}.")
         if self.gpus is not None:

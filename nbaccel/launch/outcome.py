@@ -76,6 +76,8 @@ class RankOutcome:
     error: RemoteError | None = None
     value: Any = None
     last_lines: list[str] = field(default_factory=list)
+    where: str = ""  # where it was when nbaccel stopped it: one line (nbaccel.launch.stacks)
+    stack: str = ""  # and every thread's Python stack
 
     @property
     def signal_name(self) -> str | None:
@@ -142,6 +144,12 @@ def record_exit(outcome: RankOutcome, returncode: int, stop_reason: Status | Non
 def crash_status(returncode: int) -> Status:
     """The status of a process that ended on its own, without an answer."""
     return Status.SIGNALED if returncode < 0 else Status.EXITED
+
+
+def where_ranks_were(outcomes: list[RankOutcome]) -> str:
+    """'where each rank was:' and one line per rank that reported its stack; "" when none did."""
+    lines = [f"  {o.where}" for o in outcomes if o.where]
+    return "where each rank was:\n" + "\n".join(lines) if lines else ""
 
 
 def last_line(lines: list[str]) -> str:

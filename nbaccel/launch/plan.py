@@ -36,6 +36,7 @@ def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
         max_restarts=options.max_restarts,
         timeout=options.timeout,
         deadline=None if options.timeout is None else started + options.timeout,
+        stall_report=options.stall_report,
     )
 
 

@@ -27,6 +27,7 @@ from nbaccel.wire.events import Kind
 
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop
+    from nbaccel.launch.stacks import RankStack
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class LaunchPlan:
     max_restarts: int = 0
     timeout: float | None = None  # seconds from the call
     deadline: float | None = None  # time.monotonic() when ``timeout`` runs out
+    stall_report: float | None = None  # seconds without output before each rank's stack is shown
 
 
 class RankGroup(Protocol):
@@ -82,6 +84,9 @@ class RankGroup(Protocol):
 
     def pid(self, rank: int) -> int:
         """The rank's process id (on its own node)."""
+
+    def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
+        """Where each of ``ranks`` still running is: every thread's Python stack, dumped by the rank."""
 
     def release(self) -> None:
         """Every rank returned: let those waiting to leave their process group go (exit barrier)."""

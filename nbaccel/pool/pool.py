@@ -21,10 +21,11 @@ from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
 from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.loop import EventLoop, SinkSession
 from nbaccel.launch.notices import say
-from nbaccel.launch.options import LaunchOptions, check_timeout
-from nbaccel.launch.outcome import RankOutcome, Status, crash_status, root_cause
+from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
+from nbaccel.launch.outcome import RankOutcome, Status, crash_status, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import LaunchPlan, Launcher, RankGroup
+from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
 from nbaccel.pool.ready import wait_until_ready
@@ -163,6 +164,18 @@ class WorkerPool:
             answers = self.run_task(RankStatus(), ranks=range(self.num_processes), output="text", label="", remember=False)
         return [self._status_of(rank, answers.get(rank)) for rank in range(self.num_processes)]
 
+    def stacks(self) -> list[RankStack]:
+        """Where every worker is now: each thread's Python stack and a one-line summary, by rank.
+
+        Example:
+            >>> for stack in pool.stacks():  # doctest: +SKIP
+            ...     print(stack.summary)
+            rank 0: in `serve` ...
+        """
+        group = self._require_group()
+        found = group.stacks(range(self.num_processes))
+        return [found[rank] for rank in sorted(found)]
+
     def run_task(self, task: Callable[[dict[str, Any]], Any], ranks: Sequence[int] | None = None, timeout: float | None = None, output: str | Sink | None = None, label: str = "", remember: bool = True) -> Any:
         """Send ``task`` (a callable over the rank's namespace) to ``ranks`` and collect the answers."""
         group = self._require_group()
@@ -178,7 +191,7 @@ class WorkerPool:
             for rank in chosen:  # the workers are up already: their chips say running at once
                 sink.event(rank, rich.started_event(group.pid(rank)))
             deadline = None if timeout is None else time.monotonic() + timeout
-            loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout))
+            loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report))
             self._send(group, chosen, payload)
             loop.run()
         self._raise_for(loop, policy, timeout)
@@ -229,7 +242,7 @@ class WorkerPool:
         if policy.exited or policy.stuck(loop):
             self._tear_down(loop, policy)
         if loop.stop_reason is Status.INTERRUPTED:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(where_ranks_were(outcomes))
         if loop.stop_reason is Status.TIMED_OUT and not any(o.status is Status.FAILED for o in outcomes):
             raise LaunchTimeoutError(timeout or 0.0, loop.running_at_timeout, outcomes, what="the cell on the workers")
         root = root_cause(outcomes)
@@ -298,6 +311,7 @@ def start_workers(
     start_method: str = "auto",
     namespace: dict[str, Any] | None = None,
     start_timeout: float = 120.0,
+    stall_report: float | None = DEFAULT_STALL_REPORT,
 ) -> WorkerPool:
     """Fork persistent workers and return when every rank has joined the process group.
 
@@ -307,6 +321,8 @@ def start_workers(
         namespace: what every rank's namespace starts as (a copy, made by the fork); the magic
             passes the notebook's. Ignored under spawn: spawned ranks start empty.
         start_timeout: seconds to wait for every rank to be ready.
+        stall_report: seconds without output from a cell on the workers after which each
+            rank's stack is shown once (nothing is stopped); None turns this off.
 
     Example:
         >>> pool = start_workers(2)  # doctest: +SKIP
@@ -321,6 +337,7 @@ def start_workers(
         start_method=start_method,  # type: ignore[arg-type]
         gpus=None if gpus is None else tuple(gpus),
         cpu=cpu,
+        stall_report=stall_report,
     )
     plan = make_plan(options, time.monotonic())
     return WorkerPool(plan, LocalLauncher(choose_starter(options.start_method)), namespace, start_timeout).start()

@@ -21,6 +21,12 @@ from nbaccel.launch.outcome import RankOutcome, Status, crash_status
 
 INTERRUPT_GRACE = 10.0
 
+_WHY = {
+    Status.STOPPED: "interrupted because another rank failed",
+    Status.TIMED_OUT: "interrupted at the timeout",
+    Status.INTERRUPTED: "interrupted",
+}
+
 
 class Task(Policy):
     """Collects one task's answer from each rank taking part; knows when the pool broke."""
@@ -65,5 +71,6 @@ class Task(Policy):
         """SIGINT every rank still busy with the task; they have ``grace`` seconds to answer."""
         loop.begin_stop(reason)
         if self._grace_ends is None:
+            loop.collect_stacks(loop.running(), _WHY[reason])
             self._grace_ends = time.monotonic() + self.grace
             loop.escalate([(0.0, signal.SIGINT)], loop.running(), keep=True)

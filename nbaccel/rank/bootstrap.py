@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from nbaccel.wire import events
-from nbaccel.rank import heavy_imports
+from nbaccel.rank import heavy_imports, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 
@@ -65,6 +65,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
         os.environ.update(env)
+        stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
         _forget_kernel_state()
         _pin_device(env)
         rank_hooks.install(ends.channel)

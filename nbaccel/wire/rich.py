@@ -9,6 +9,7 @@ Types:
     ``display``: IPython ``display()`` output: ``data`` (a mimebundle), ``metadata``,
         ``display_id`` (or None) and ``update`` (True: replace the output with that id).
     ``clear_output``: IPython ``clear_output(wait)``.
+    ``stack``: where the rank is: ``summary`` (one line), ``why`` it was asked, ``text`` (all stacks).
     ``progress``: one progress bar's state: ``bar`` (id, unique in the rank), ``n``, ``total``,
         ``left``/``right`` (the text around the bar), ``text`` (the whole meter as one line),
         ``closed``, ``leave`` and ``failed`` (the bar stopped short because of an error).
@@ -27,6 +28,7 @@ STARTED = "started"
 DISPLAY = "display"
 CLEAR_OUTPUT = "clear_output"
 PROGRESS = "progress"
+STACK = "stack"
 
 # A widget displayed inside a rank lives in the rank's process: the kernel has no such model, so
 # a frontend would show "model not found". Its other representations are kept.
@@ -83,6 +85,11 @@ def progress_event(
         "leave": leave,
         "failed": failed,
     }
+
+
+def stack_event(summary: str, text: str, why: str) -> dict[str, Any]:
+    """Where a rank is (``summary``, one line) and every thread's stack (``text``), and ``why`` it was asked."""
+    return {"type": STACK, "summary": summary, "why": why, "text": f"{why}; {summary}\n{text.rstrip()}"}
 
 
 def plain_text(event: dict[str, Any]) -> str | None:

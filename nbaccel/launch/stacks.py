@@ -1,0 +1,198 @@
+"""Kernel side of "where is each rank?": ask ranks for their stacks, and say in one line where each one is.
+
+Used when a launch or a cell on workers is interrupted, times out, is stopped because a peer
+failed, or stalls (``stall_report=``), and on demand (``pool.stacks()``, ``%distributed stacks``).
+The rank side is ``nbaccel.rank.stack_dump``; the summary names the notebook's own line
+(``Cell In[7], line 12``) and the call it is blocked in.
+
+Example:
+    >>> dump = '''Current thread 0x1 (most recent call first):
+    ...   File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 2800 in all_reduce
+    ...   File "/tmp/cell.py", line 12 in distributed_cell
+    ...   File "/usr/lib/python3/site-packages/nbaccel/rank/bootstrap.py", line 120 in execute
+    ... '''
+    >>> summarise(1, dump)
+    'rank 1: in `all_reduce` at /tmp/cell.py, line 12'
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from nbaccel.launch.outcome import with_cell_names
+from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line_path
+
+__all__ = ["STACK_FILE_VARIABLE", "RankStack", "StackFiles", "summarise"]
+
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):\s*$", re.M)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)', re.M)
+_LIBRARY = re.compile(r"([/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|[/\\]nbaccel[/\\]|^<frozen )")
+# Frames of nbaccel's engine in a rank: where the rank's own work starts (and, below it, the
+# kernel's stack that a fork inherits). User code is above them.
+_ENGINE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\](rank|pool|wire)[/\\][^"]+\.py"')
+_IDLE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\]pool[/\\]serve\.py", line \d+ in _next_command')
+_SETTLE = 0.05  # a whole-looking dump is complete when the file stops growing for this long
+_SETTLE_UNSURE = 0.3  # a dump whose end cannot be told (a frame line that was cut short, say)
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank's answer: every thread's stack as text (cells named as IPython names them), and one line."""
+
+    rank: int
+    text: str
+    summary: str
+
+
+def summarise(rank: int, dump: str) -> str:
+    """'rank 1: in `dist.all_reduce` at /tmp/cell.py, line 12': the main thread's innermost user line.
+
+    ``dump`` names files as the rank saw them; the kernel's line cache supplies the source line
+    (a notebook cell's too), and cells are then named as IPython names them.
+    """
+    main = _main_thread(dump)
+    if _IDLE_FRAME.search(main):
+        return f"rank {rank}: idle, waiting for the next cell"
+    frames = list(_FRAME.finditer(without_launch_frames(main))) or list(_FRAME.finditer(main))[:1]
+    for index, frame in enumerate(frames):
+        path, line = frame.group("file"), int(frame.group("line"))
+        if _LIBRARY.search(path):
+            continue
+        at = with_cell_names(f'File "{path}", line {line}').replace('File "', "").replace('", line', ", line")
+        callee = frames[index - 1].group("function") if index > 0 else None
+        call = _call_in(linecache.getline(path, line), callee)
+        if call or callee:
+            return f"rank {rank}: in `{call or callee}` at {at}"
+        return f"rank {rank}: at {at} (in {frame.group('function')})"
+    if frames:
+        innermost = frames[0]
+        return f"rank {rank}: in `{innermost.group('function')}` ({innermost.group('file')}, line {innermost.group('line')})"
+    return f"rank {rank}: no Python stack (it may be exiting, or not yet started)"
+
+
+def _call_in(source: str, callee: str | None) -> str | None:
+    """The call on ``source``'s line that the rank is in: the one named like ``callee``, else the outermost."""
+    try:
+        tree = ast.parse(source.strip())
+    except SyntaxError:
+        return None
+    calls = [_dotted(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    named = [c for c in calls if c and callee and c.split(".")[-1] == callee]
+    chosen = named or [c for c in calls if c]
+    return chosen[0] if chosen else None
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    return None
+
+
+def without_launch_frames(dump: str) -> str:
+    """The dump less the frames from nbaccel's bootstrap down (the kernel's stack, inherited by the fork)."""
+    kept, skipping = [], False
+    for line in dump.splitlines():
+        if _THREAD_HEADER.match(line) or not line.strip():
+            skipping = False
+        elif _ENGINE_FRAME.search(line):
+            skipping = True
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def _main_thread(dump: str) -> str:
+    """The thread running the rank's job (its stack starts in nbaccel's bootstrap), else the current one."""
+    blocks = _thread_blocks(dump)
+    for block in blocks:
+        if _ENGINE_FRAME.search(block):
+            return block
+    current = [b for b in blocks if b.startswith("Current thread")]
+    return current[0] if current else (blocks[0] if blocks else dump)
+
+
+def _thread_blocks(dump: str) -> list[str]:
+    starts = [m.start() for m in _THREAD_HEADER.finditer(dump)]
+    return [dump[a:b] for a, b in zip(starts, [*starts[1:], len(dump)])]
+
+
+class StackFiles:
+    """A private folder with one dump file per rank; the rank finds its file in its environment."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # mode 0700: only this user reads them
+
+    def path(self, rank: int) -> str:
+        return os.path.join(self.folder, f"rank{rank}.txt")
+
+    def collect(self, pids: dict[int, int], timeout: float = 2.0) -> dict[int, RankStack]:
+        """Signal each rank in ``pids`` (rank -> pid, ranks still running) and read what they dump."""
+        for rank, pid in pids.items():
+            with open(self.path(rank), "w"):
+                pass  # truncate: the rank appends its next dump from the start
+            try:
+                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
+            except ProcessLookupError:
+                pass
+        texts = self._read_settled(pids, time.monotonic() + timeout)
+        return {rank: _answer(rank, text) for rank, text in texts.items()}
+
+    def _read_settled(self, ranks: Iterable[int], deadline: float) -> dict[int, str]:
+        """Each rank's dump once it looks whole and the file stopped growing (faulthandler writes
+        no end marker, and a rank on a busy machine may pause in the middle of its dump)."""
+        pending, done = set(ranks), {}
+        sizes: dict[int, tuple[int, float]] = {}
+        while pending and time.monotonic() < deadline:
+            now = time.monotonic()
+            for rank in sorted(pending):
+                size = _size(self.path(rank))
+                last = sizes.get(rank)
+                if not last or last[0] != size:
+                    sizes[rank] = (size, now)
+                elif size and now - last[1] >= _SETTLE:
+                    text = _read(self.path(rank))
+                    if _is_whole(text, self.path(rank)) or now - last[1] >= _SETTLE_UNSURE:
+                        done[rank] = text
+                        pending.discard(rank)
+            time.sleep(0.01)
+        done.update({rank: _read(self.path(rank)) for rank in pending})  # whatever arrived in time
+        return done
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _is_whole(text: str, path: str) -> bool:
+    """The dump ends as the rank said it would (its main thread's outermost frame), or was cut at
+    faulthandler's depth limit."""
+    return text.endswith((_read(last_line_path(path)) or "\0", "  ...\n"))
+
+
+def _answer(rank: int, text: str) -> RankStack:
+    return RankStack(rank, with_cell_names(without_launch_frames(text)), summarise(rank, text))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as dump:
+            return dump.read()
+    except OSError:
+        return ""

@@ -1,0 +1,48 @@
+"""Rank side of "where is each rank?": dump every thread's Python stack when the kernel asks.
+
+The kernel sends ``STACK_SIGNAL`` to the rank's own process (never to its group, so DataLoader
+workers are left alone). ``faulthandler`` answers from its C-level signal handler: it writes the
+stacks even while the rank is blocked inside a C++ collective, where a Python signal handler
+would never run, and it costs nothing until the signal comes. The dump is appended to a file
+private to the launch (``NBACCEL_STACK_FILE``) that the kernel truncates before each request.
+
+Example::
+
+    install(os.environ.get(STACK_FILE_VARIABLE))  # in the rank, right after the fork
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import sys
+from typing import IO
+
+STACK_SIGNAL = signal.SIGUSR2
+STACK_FILE_VARIABLE = "NBACCEL_STACK_FILE"
+
+_dump_file: IO[str] | None = None  # kept open for the handler, for the rank's lifetime
+
+
+def install(path: str | None) -> None:
+    """Dump all threads' stacks to ``path`` on STACK_SIGNAL; nothing when ``path`` is unset."""
+    global _dump_file
+    if not path:
+        return
+    _dump_file = open(path, "a", encoding="utf-8")  # append: each dump lands where the kernel truncated
+    with open(last_line_path(path), "w", encoding="utf-8") as last:
+        last.write(_outermost_frame_line())
+    faulthandler.register(STACK_SIGNAL, file=_dump_file, all_threads=True, chain=False)
+
+
+def last_line_path(path: str) -> str:
+    """Where the rank says how its dumps end: faulthandler writes no end marker, but it dumps the
+    main thread (the oldest) last, and that stack always ends in the same outermost frame."""
+    return path + ".last"
+
+
+def _outermost_frame_line() -> str:
+    frame = sys._getframe()
+    while frame.f_back is not None:
+        frame = frame.f_back
+    return f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}\n'
