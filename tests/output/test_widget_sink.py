@@ -225,6 +225,40 @@ def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(comms: 
     assert captured.out.splitlines() == ["[rank 1] after the failure", "[rank 0] still text"]
 
 
+def test_a_view_that_breaks_in_a_tick_falls_back_to_text_and_its_logs_go_on(comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    sink = _sink(publisher, tmp_path, clock)
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", ["pushed at once"])
+    sink.output(0, "stdout", ["held"])
+
+    def broken() -> None:
+        raise RuntimeError("comm gone")
+
+    sink.live.view.panels[0].sync = broken  # type: ignore[method-assign]
+    clock.advance(1.0)
+    sink.tick()  # what the kernel's event loop calls: it must not raise into the launch
+    assert sink.fallback.failed and sink.tick_in() is None  # text needs no ticks
+    sink.output(0, "stdout", ["after the failure"])
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    captured = capsys.readouterr()
+    assert "the live widget view failed (RuntimeError: comm gone)" in captured.err
+    assert captured.out.splitlines() == ["[rank 0] after the failure"]
+    assert sink.logs is not None and sink.logs.folder is not None
+    assert (sink.logs.folder / "rank0.log").read_text().splitlines() == ["pushed at once", "held", "after the failure"]
+
+
+def test_without_logs_the_view_names_no_log_files(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path, log_root=False, max_lines=3)
+    assert sink.sinks == (sink.fallback,)
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", [f"l{i}" for i in range(10)])
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    plain = publisher.final["text/plain"]
+    assert "full logs" not in plain and "earlier lines not shown" in plain and "the full log is in" not in plain
+    assert not (tmp_path / "logs").exists()
+
+
 def test_tick_in_says_when_held_lines_are_due_for_a_caller_that_drives_the_ticks(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
     clock = FakeClock()
     sink = _sink(publisher, tmp_path, clock, interval=0.5)
