@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from nbaccel.output import frontend
-from nbaccel.output.text import RichTextSink
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink, Sink, TeeSink
+from nbaccel.output.text import RichTextSink
 
 
 class FakeCommManager:

@@ -15,7 +15,7 @@ from nbaccel.launch.outcome import RankOutcome, RemoteError, Status
 from nbaccel.output.choose import WidgetSink
 from nbaccel.output.sinks import CollectingSink, Sink, TextSink
 from nbaccel.output.text import RichTextSink
-from nbaccel.output.widgets.sink import WIDGET_VIEW_MIME, LiveViewSink
+from nbaccel.output.widgets.sink import WIDGET_VIEW_MIME
 from tests.output.conftest import CommLog, FakeClock, FakePublisher
 
 ERROR = RemoteError("ValueError", "boom", 'Traceback (most recent call last):\n  File "<cell>", line 3, in f\nValueError: boom\n', 1.0)

@@ -24,8 +24,8 @@ from typing import TypeVar
 
 import ipywidgets as w
 
-from nbaccel.output.widgets.rank_panel import RankPanel, close_tree
 from nbaccel.output.status_words import RUNNING, WAITING, RankState  # noqa: F401 - RUNNING is used by the doctest
+from nbaccel.output.widgets.rank_panel import RankPanel, close_tree
 
 V = TypeVar("V")
 
