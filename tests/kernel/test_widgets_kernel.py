@@ -264,13 +264,42 @@ SLEEPY = (
 )
 
 
+SLEEPY_READY = (
+    "import nbaccel, os, time\n"
+    "def sleepy():\n"
+    "    print('started', flush=True)\n"
+    "    open(os.path.join(FOLDER, 'ready' + os.environ['RANK']), 'w').close()\n"
+    "    time.sleep(60)\n"
+)
+
+
+def _wait_for(paths: list[Path], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
+        time.sleep(0.01)
+
+
+def _interrupted(kernel: Kernel, code: str, moments: list[list[Path]]) -> Execution:
+    """Run ``code``, interrupting the kernel once per entry of ``moments``: when its files exist."""
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    msg = kernel.client.session.msg("execute_request", content)
+    kernel.client.shell_channel.send(msg)
+    for paths in moments:
+        _wait_for(paths)
+        kernel.manager.interrupt_kernel()
+    return _collect(kernel, msg["header"]["msg_id"], timeout=60)
+
+
 def _final_plain(run: Execution) -> str:
     (final,) = run.of_type("update_display_data")
     return final["content"]["data"]["text/plain"]
 
 
-def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
-    run = kernel.execute(SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')", timeout=60, interrupt_after=2.0)
+def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel, tmp_path: Path) -> None:
+    ready = [tmp_path / f"ready{rank}" for rank in (0, 1)]
+    code = SLEEPY_READY.replace("FOLDER", repr(str(tmp_path))) + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')"
+    run = _interrupted(kernel, code, [ready])  # once both ranks run: their lines are in widgets, not the cell's stream
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)
     assert "interrupted after" in plain.splitlines()[0]
@@ -284,4 +313,35 @@ def test_a_timed_out_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
     plain = _final_plain(run)
     assert "timed out after" in plain.splitlines()[0] and "── rank 1 · timed out ──" in plain
     assert "started" in plain
+    _no_ranks_left(kernel)
+
+
+STUBBORN = r"""
+import nbaccel, os, signal, time
+
+def stubborn(folder):
+    '''Ignores SIGTERM; notes each SIGINT and goes on: only the kernel's SIGKILL ends it.'''
+    rank = os.environ["RANK"]
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, lambda *_: open(os.path.join(folder, f"sigint{rank}"), "w").close())
+    open(os.path.join(folder, f"ready{rank}"), "w").close()
+    print("started", flush=True)
+    while True:
+        time.sleep(0.05)
+
+nbaccel.notebook_launcher(stubborn, (FOLDER,), num_processes=2, output='widgets')
+"""
+
+
+def test_a_second_interrupt_still_ends_the_view(kernel: Kernel, tmp_path: Path) -> None:
+    # No hook on the cell's end finishes the view: launch_finished does, whichever way the cell ends.
+    # The first interrupt: the ranks get SIGINT, note it and go on; the second, while the kernel
+    # waits for them to stop, goes straight to SIGKILL.
+    ready, noted = ([tmp_path / f"{what}{rank}" for rank in (0, 1)] for what in ("ready", "sigint"))
+    run = _interrupted(kernel, STUBBORN.replace("FOLDER", repr(str(tmp_path))), [ready, noted])
+    assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
+    plain = _final_plain(run)  # the static view replaced the widgets
+    assert plain.startswith("nbaccel: 2 ranks, ") and "started" in plain
+    closed = {m["content"]["comm_id"] for m in run.of_type("comm_close")}
+    assert {m["content"]["comm_id"] for m in run.of_type("comm_open")} <= closed
     _no_ranks_left(kernel)
