@@ -11,7 +11,7 @@ import json
 import queue
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,31 +264,43 @@ SLEEPY = (
 )
 
 
-SLEEPY_READY = (
-    "import nbaccel, os, time\n"
-    "def sleepy():\n"
-    "    print('started', flush=True)\n"
-    "    open(os.path.join(FOLDER, 'ready' + os.environ['RANK']), 'w').close()\n"
-    "    time.sleep(60)\n"
-)
+Moment = Callable[[list[dict[str, Any]]], bool]
 
 
-def _wait_for(paths: list[Path], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
-        time.sleep(0.01)
+def shown_in_widgets(text: str, times: int) -> Moment:
+    """The moment the kernel has sent ``text`` to the frontend in ``times`` widget messages
+    (once per rank: then the kernel is relaying, in its event loop)."""
+
+    def seen(messages: list[dict[str, Any]]) -> bool:
+        return sum(text in json.dumps(m["content"]) for m in messages if m["msg_type"] in ("comm_open", "comm_msg")) >= times
+
+    return seen
 
 
-def _interrupted(kernel: Kernel, code: str, moments: list[list[Path]]) -> Execution:
-    """Run ``code``, interrupting the kernel once per entry of ``moments``: when its files exist."""
+def files_exist(*paths: Path) -> Moment:
+    return lambda _messages: all(p.exists() for p in paths)
+
+
+def _interrupted(kernel: Kernel, code: str, moments: list[Moment], timeout: float = 60.0) -> Execution:
+    """Run ``code``, interrupting the kernel (as the stop button does) at each of ``moments`` in turn."""
     content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
     msg = kernel.client.session.msg("execute_request", content)
     kernel.client.shell_channel.send(msg)
-    for paths in moments:
-        _wait_for(paths)
-        kernel.manager.interrupt_kernel()
-    return _collect(kernel, msg["header"]["msg_id"], timeout=60)
+    started, messages, pending = time.monotonic(), [], list(moments)
+    while pending:
+        assert time.monotonic() < started + timeout, f"the cell never reached interrupt {len(moments) - len(pending) + 1}"
+        try:
+            got = kernel.client.get_iopub_msg(timeout=0.01)
+            if got["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                messages.append(got)
+        except queue.Empty:
+            pass
+        if pending[0](messages):
+            pending.pop(0)
+            kernel.manager.interrupt_kernel()
+    run = _collect(kernel, msg["header"]["msg_id"], timeout)
+    run.messages[:0] = messages
+    return run
 
 
 def _final_plain(run: Execution) -> str:
@@ -296,10 +308,9 @@ def _final_plain(run: Execution) -> str:
     return final["content"]["data"]["text/plain"]
 
 
-def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel, tmp_path: Path) -> None:
-    ready = [tmp_path / f"ready{rank}" for rank in (0, 1)]
-    code = SLEEPY_READY.replace("FOLDER", repr(str(tmp_path))) + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')"
-    run = _interrupted(kernel, code, [ready])  # once both ranks run: their lines are in widgets, not the cell's stream
+def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
+    code = SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')"
+    run = _interrupted(kernel, code, [shown_in_widgets("started", times=2)])  # both ranks' first line is shown
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)
     assert "interrupted after" in plain.splitlines()[0]
@@ -324,7 +335,6 @@ def stubborn(folder):
     rank = os.environ["RANK"]
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, lambda *_: open(os.path.join(folder, f"sigint{rank}"), "w").close())
-    open(os.path.join(folder, f"ready{rank}"), "w").close()
     print("started", flush=True)
     while True:
         time.sleep(0.05)
@@ -337,8 +347,8 @@ def test_a_second_interrupt_still_ends_the_view(kernel: Kernel, tmp_path: Path) 
     # No hook on the cell's end finishes the view: launch_finished does, whichever way the cell ends.
     # The first interrupt: the ranks get SIGINT, note it and go on; the second, while the kernel
     # waits for them to stop, goes straight to SIGKILL.
-    ready, noted = ([tmp_path / f"{what}{rank}" for rank in (0, 1)] for what in ("ready", "sigint"))
-    run = _interrupted(kernel, STUBBORN.replace("FOLDER", repr(str(tmp_path))), [ready, noted])
+    noted = files_exist(tmp_path / "sigint0", tmp_path / "sigint1")
+    run = _interrupted(kernel, STUBBORN.replace("FOLDER", repr(str(tmp_path))), [shown_in_widgets("started", times=2), noted])
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)  # the static view replaced the widgets
     assert plain.startswith("nbaccel: 2 ranks, ") and "started" in plain
