@@ -20,12 +20,12 @@ Example:
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nbaccel.launch.notices import say
 from nbaccel.output import frontend
 from nbaccel.output.fallback import TextFallback
 from nbaccel.output.logdir import DEFAULT_KEEP, RankLogSink
@@ -97,10 +97,9 @@ def make_sink(output: str | Sink | None) -> Sink:
 def _warn_no_kernel() -> None:
     if not _warned["no_kernel"]:
         _warned["no_kernel"] = True
-        print(
-            "nbaccel: output='widgets' needs a Jupyter kernel (this is plain Python or a terminal); "
-            "showing text instead. Use output='text' (or NBACCEL_OUTPUT=text) to silence this.",
-            file=sys.stderr,
+        say(
+            "output='widgets' needs a Jupyter kernel (this is plain Python or a terminal); "
+            "showing text instead. Use output='text' (or NBACCEL_OUTPUT=text) to silence this."
         )
 
 

@@ -8,7 +8,7 @@ Example:
     >>> class Broken(CollectingSink):
     ...     def output(self, rank, stream, lines):
     ...         raise RuntimeError("comm gone")
-    >>> sink = TextFallback(Broken(), what="the live view", notices=sys.stdout)
+    >>> sink = TextFallback(Broken(), what="the live view")
     >>> sink.output(0, "stdout", ["still shown"])  # doctest: +ELLIPSIS
     nbaccel: the live view failed (RuntimeError: comm gone); the rest of this launch is shown as text. ...
     [rank 0] still shown
@@ -16,10 +16,10 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
 
+from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome
 from nbaccel.output.sinks import CollectingSink, Sink  # noqa: F401 - CollectingSink is used by the doctest
 from nbaccel.output.text import RichTextSink
@@ -28,11 +28,10 @@ from nbaccel.output.text import RichTextSink
 class TextFallback:
     """``view`` until one of its calls raises, then text (see the module doc)."""
 
-    def __init__(self, view: Sink, what: str = "the live widget view", notices: TextIO | None = None) -> None:
+    def __init__(self, view: Sink, what: str = "the live widget view") -> None:
         self.view = view
         self.what = what
         self.text: RichTextSink | None = None  # set once the view has failed
-        self._notices = notices
 
     @property
     def failed(self) -> bool:
@@ -75,8 +74,7 @@ class TextFallback:
 
     def _fall_back(self, exc: Exception) -> None:
         self.text = RichTextSink()
-        print(
-            f"nbaccel: {self.what} failed ({type(exc).__name__}: {exc}); the rest of this launch is shown as text. "
-            "Please report this; output='text' avoids the widget view.",
-            file=self._notices or sys.stderr,
+        say(
+            f"{self.what} failed ({type(exc).__name__}: {exc}); the rest of this launch is shown as text. "
+            "Please report this; output='text' avoids the widget view."
         )
