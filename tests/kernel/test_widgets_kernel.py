@@ -351,7 +351,8 @@ def test_a_second_interrupt_still_ends_the_view(kernel: Kernel, tmp_path: Path) 
     run = _interrupted(kernel, STUBBORN.replace("FOLDER", repr(str(tmp_path))), [shown_in_widgets("started", times=2), noted])
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)  # the static view replaced the widgets
-    assert plain.startswith("nbaccel: 2 ranks, ") and "started" in plain
+    assert "interrupted after" in plain.splitlines()[0] and "started" in plain
+    assert "── rank 0 · interrupted ──" in plain and "── rank 1 · interrupted ──" in plain  # not left "running"
     closed = {m["content"]["comm_id"] for m in run.of_type("comm_close")}
     assert {m["content"]["comm_id"] for m in run.of_type("comm_open")} <= closed
     _no_ranks_left(kernel)
