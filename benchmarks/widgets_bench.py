@@ -42,11 +42,13 @@ import nbaccel
 class CountingSink:
     """The floor: the relay's cost with a sink that only counts."""
     def __init__(self): self.counts = {}
-    def launch_started(self, n, attempt): pass
+    def launch_started(self, n, attempt, ranks=None): pass
     def output(self, rank, stream, lines): self.counts[rank] = self.counts.get(rank, 0) + len(lines)
     def event(self, rank, event): pass
     def rank_finished(self, outcome): pass
     def launch_finished(self, outcomes): pass
+    def tick_in(self): return None
+    def tick(self): pass
 
 def chatty(lines):
     import os, sys

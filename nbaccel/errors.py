@@ -48,11 +48,9 @@ class RankFailedError(NbaccelError):
 
     @staticmethod
     def _headline(root: RankOutcome) -> str:
-        if root.error is not None:
-            return f"rank {root.rank} failed: {root.error.headline()}"
-        if root.signal is not None:
-            return f"rank {root.rank} failed: killed by {root.signal_name}"
-        return f"rank {root.rank} failed: exited with code {root.exitcode} before returning"
+        from nbaccel.launch.outcome import failure_headline  # the words of the view's banner and panel too
+
+        return failure_headline(root)
 
     def report(self) -> str:
         """The full text: headline, remote traceback, last output lines, every rank's outcome."""

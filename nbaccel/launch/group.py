@@ -66,17 +66,18 @@ class LocalRankGroup:
         # stays shared instead of being copied page by page into every rank (copy-on-write).
         gc.freeze()
         try:
-            for rank in range(plan.num_processes):
-                env = _environment(plan, group.rendezvous, rank, attempt)
-                env[STACK_FILE_VARIABLE] = group.stack_files.path(rank)
-                group._start_rank(starter, job, rank, env)
-            if persistent:  # after the forks: the ranks are starting while the store comes up
-                group.rendezvous.start_store(plan.num_processes)
-        except BaseException:
+            try:
+                for rank in range(plan.num_processes):
+                    env = _environment(plan, group.rendezvous, rank, attempt)
+                    env[STACK_FILE_VARIABLE] = group.stack_files.path(rank)
+                    group._start_rank(starter, job, rank, env)
+                if persistent:  # after the forks: the ranks are starting while the store comes up
+                    group.rendezvous.start_store(plan.num_processes)
+            finally:
+                gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
+        except BaseException:  # an interrupt too, wherever it lands (unfreezing takes a while): no rank is left
             group.close()
             raise
-        finally:
-            gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
         return group
 
     def _start_rank(self, starter: RankStarter, job: Job, rank: int, env: dict[str, str]) -> None:

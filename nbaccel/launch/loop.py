@@ -130,9 +130,9 @@ class EventLoop:
             self._fire_signals(now)
             self._check_deadline(now)
             self._check_stall(now)
-            due = _tick_in(self.sink)
+            due = self.sink.tick_in()
             if due is not None and due <= 0:
-                self.sink.tick()  # type: ignore[attr-defined]
+                self.sink.tick()
             self.policy.on_clock(self, now)
 
     def _wait_time(self) -> float | None:
@@ -141,7 +141,7 @@ class EventLoop:
             if moment is not None:
                 moments.append(moment)
         now = time.monotonic()
-        sink_due = _tick_in(self.sink)
+        sink_due = self.sink.tick_in()
         if sink_due is not None:
             moments.append(now + sink_due)
         poll = self.group.poll()
@@ -250,12 +250,6 @@ class EventLoop:
         while self._signals and self._signals[0][0] <= now:
             _, sig, ranks = self._signals.pop(0)
             self.group.signal(sig, ranks)
-
-
-def _tick_in(sink: Sink) -> float | None:
-    """Seconds until ``sink`` wants its clock to tick (None: never). The live view's clock is this loop."""
-    tick_in = getattr(sink, "tick_in", None)
-    return tick_in() if tick_in is not None else None
 
 
 class SinkSession:

@@ -108,6 +108,11 @@ class OneShot(Policy):
 
     def on_second_interrupt(self, loop: EventLoop) -> None:
         loop.group.signal(signal.SIGKILL, loop.ranks)  # the group's close() reaps them
+        for outcome in loop.outcome_list():
+            if outcome.status is Status.RUNNING:  # killed by us before it ended: interrupted, not "running"
+                outcome.status, outcome.signal = Status.INTERRUPTED, signal.SIGKILL
+                outcome.last_lines = list(loop.group.last_lines(outcome.rank))
+                loop.finish(outcome)
 
     def _stop(self, loop: EventLoop, reason: Status, spare: int | None = None) -> None:
         if not loop.begin_stop(reason):

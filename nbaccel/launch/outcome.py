@@ -1,9 +1,15 @@
 """What became of each rank of a launch: the value it returned, or how it failed.
 
+Every wording of how a rank ended (a summary line, a tab title, a chip, the headline of the
+error a launch raises, a worker's exit status) comes from ``status_words`` and
+``failure_headline`` here, so a failure reads the same everywhere.
+
 Example:
     >>> ok = RankOutcome(rank=0, status=Status.SUCCEEDED, exitcode=0)
     >>> ok.describe()
     'rank 0: succeeded'
+    >>> failure_headline(RankOutcome(rank=1, status=Status.SIGNALED, signal=9))
+    'rank 1 failed: killed by SIGKILL'
 """
 
 from __future__ import annotations
@@ -81,22 +87,11 @@ class RankOutcome:
 
     @property
     def signal_name(self) -> str | None:
-        if self.signal is None:
-            return None
-        try:
-            return signal.Signals(self.signal).name
-        except ValueError:
-            return f"signal {self.signal}"
+        return None if self.signal is None else signal_words(self.signal)
 
     def describe(self) -> str:
         """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
-        if self.status is Status.FAILED and self.error is not None:
-            return f"rank {self.rank}: failed ({_shorten(self.error.headline())})"
-        if self.status is Status.SIGNALED or (self.status is Status.EXITED and self.signal is not None):
-            return f"rank {self.rank}: killed by {self.signal_name}"
-        if self.status is Status.EXITED:
-            return f"rank {self.rank}: exited with code {self.exitcode} without returning"
-        return f"rank {self.rank}: {self.status.value}"
+        return f"rank {self.rank}: {status_words(self).summary}"
 
     @property
     def is_failure(self) -> bool:
@@ -155,6 +150,93 @@ def where_ranks_were(outcomes: list[RankOutcome]) -> str:
 def last_line(lines: list[str]) -> str:
     """The latest line of output, or "" when there is none (what timeouts and stalls report)."""
     return lines[-1] if lines else ""
+
+@dataclass(frozen=True)
+class StatusWords:
+    """How a rank's state is said, in each register nbaccel uses (never colour alone).
+
+    ``kind`` groups states (running, done, failed, stopped: the output layer colours by it);
+    ``short`` fits a tab title, ``long`` a status chip, ``summary`` one line among every rank's.
+    """
+
+    kind: str
+    short: str
+    long: str
+    summary: str
+
+
+def status_words(outcome: RankOutcome) -> StatusWords:
+    """The words for ``outcome``'s state (the one place that words it).
+
+    Example:
+        >>> words = status_words(RankOutcome(rank=1, status=Status.EXITED, exitcode=3))
+        >>> words.short, words.long
+        ('failed (exit 3)', 'failed: exited with code 3 without returning')
+    """
+    status = outcome.status
+    if status is Status.RUNNING:
+        return StatusWords("running", "running", "running", "running")
+    if status is Status.SUCCEEDED:
+        return StatusWords("done", "done", "done", "succeeded")
+    if status is Status.FAILED:
+        return _raised_words(outcome)
+    if status in (Status.EXITED, Status.SIGNALED):
+        return _died_words(outcome)
+    if status is Status.STOPPED:
+        how = f" ({outcome.signal_name})" if outcome.signal_name else ""
+        return StatusWords("stopped", "stopped", f"stopped by nbaccel after another rank failed{how}", "stopped")
+    if status is Status.INTERRUPTED:
+        return StatusWords("stopped", "interrupted", "interrupted (kernel interrupt)", "interrupted")
+    if status is Status.TIMED_OUT:
+        return StatusWords("stopped", "timed out", "stopped: the launch's timeout passed", "timed out")
+    return StatusWords("stopped", status.value, status.value, status.value)
+
+
+def _raised_words(outcome: RankOutcome) -> StatusWords:
+    error = outcome.error
+    name = error.type_name if error is not None else "error"
+    code = f", exit code {outcome.exitcode}" if outcome.exitcode is not None else ""
+    summary = f"failed ({_shorten(error.headline())})" if error is not None else "failed"
+    return StatusWords("failed", f"failed ({name})", f"failed: {name}{code}", summary)
+
+
+def _died_words(outcome: RankOutcome) -> StatusWords:
+    """A rank that ended without raising: killed by a signal, or a bare exit."""
+    if outcome.signal is not None:
+        killed = f"killed by {signal_words(outcome.signal)}"
+        if outcome.status is Status.EXITED:  # it returned its value, then died
+            killed += " after returning"
+        return StatusWords("failed", f"failed ({signal_words(outcome.signal)})", f"failed: {killed}", killed)
+    exited = f"exited with code {outcome.exitcode} without returning"
+    return StatusWords("failed", f"failed (exit {outcome.exitcode})", f"failed: {exited}", exited)
+
+
+def failure_headline(outcome: RankOutcome) -> str:
+    """One line that says why a failed rank failed: 'rank 1 failed: ValueError: boom'.
+
+    It heads ``RankFailedError``, a failed rank's panel and the widget view's banner.
+    """
+    if outcome.status is Status.FAILED and outcome.error is not None:
+        return f"rank {outcome.rank} failed: {outcome.error.headline()}"
+    return f"rank {outcome.rank} {status_words(outcome).long}"
+
+
+def signal_words(signum: int) -> str:
+    """A signal's name, 'SIGKILL' ('signal 99' for a number without one)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_words(returncode: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it).
+
+    Example:
+        >>> exit_words(-9), exit_words(3)
+        ('killed by SIGKILL', 'exited with code 3')
+    """
+    return f"killed by {signal_words(-returncode)}" if returncode < 0 else f"exited with code {returncode}"
 
 
 def with_cell_names(text: str) -> str:

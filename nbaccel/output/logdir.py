@@ -7,12 +7,24 @@ oldest launch folders beyond ``keep`` (default 20), except folders a running lau
 advisory lock on ``<launch>/.lock``), so a kernel that launches hundreds of times never fills
 the disk, and two kernels never delete each other's live logs.
 
+``RankLogSink`` is the sink that writes them: it sits beside the widget view (see
+``nbaccel.output.choose``), which names the files it keeps.
+
 Example:
-    >>> logs = LaunchLogs.create(root=tmp, keep=3)  # doctest: +SKIP
-    >>> logs.write(0, ["hello"])                   # doctest: +SKIP
-    >>> logs.close()                               # doctest: +SKIP
-    >>> (logs.path / "rank0.log").read_text()      # doctest: +SKIP
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> logs = LaunchLogs.create(root=root, keep=3)
+    >>> logs.write(0, ["hello"])
+    >>> logs.close()
+    >>> (logs.path / "rank0.log").read_text()
     'hello\\n'
+    >>> sink = RankLogSink(root=root)
+    >>> sink.launch_started(2, attempt=0)
+    >>> sink.output(1, "stdout", ["every line, however many"])
+    >>> sink.launch_finished([])
+    >>> sink.file_for(1).read_text()
+    'every line, however many\\n'
+    >>> shutil.rmtree(root)
 """
 
 from __future__ import annotations
@@ -22,8 +34,12 @@ import itertools
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from nbaccel.launch.outcome import RankOutcome
+from nbaccel.wire import rich
 
 ENV_VAR = "NBACCEL_LOG_DIR"
 DEFAULT_KEEP = 20
@@ -110,12 +126,65 @@ class LaunchLogs:
         key = (rank, self.attempt)
         handle = self._files.get(key)
         if handle is None and self._lock_fd is not None:
-            try:
-                handle = open(self.file_for(rank), "a", encoding="utf-8", errors="backslashreplace")
+            try:  # kept open across writes (closed in close()): one open per rank, not per line
+                handle = open(self.file_for(rank), "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
             except OSError:
                 return None
             self._files[key] = handle
         return handle
+
+
+class RankLogSink:
+    """The per-rank log tee of a launch: every line, and the text of every display, to its file.
+
+    The first ``launch_started`` makes the launch folder (see ``LaunchLogs.create``), a later
+    attempt reopens it with files of its own; ``launch_finished`` closes the files and lets the
+    folder be pruned by later launches. No logs (a read-only home, a full disk) is no error.
+    """
+
+    def __init__(self, root: Path | str | None = None, keep: int = DEFAULT_KEEP) -> None:
+        self.root = None if root is None else Path(root)
+        self.keep = keep
+        self.logs: LaunchLogs | None = None
+
+    @property
+    def folder(self) -> Path | None:
+        """The launch folder, once the launch has started (None if it could not be made)."""
+        return self.logs.path if self.logs is not None else None
+
+    def file_for(self, rank: int) -> Path | None:
+        """Rank ``rank``'s log file of the current attempt."""
+        return self.logs.file_for(rank) if self.logs is not None else None
+
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        if self.logs is None:
+            self.logs = LaunchLogs.create(self.root, keep=self.keep)
+        else:
+            self.logs.reopen(attempt)
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        if self.logs is not None:
+            self.logs.write(rank, lines)
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        logged = kind == rich.DISPLAY or (kind == rich.PROGRESS and event.get("closed") and event.get("leave", True))
+        text = rich.plain_text(event) if logged else None
+        if text and self.logs is not None:
+            self.logs.write(rank, text.splitlines())
+
+    def rank_finished(self, outcome: RankOutcome) -> None:
+        pass
+
+    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        if self.logs is not None:
+            self.logs.close()  # flushes; the folder may be pruned by later launches from now on
+
+    def tick_in(self) -> float | None:
+        return None
+
+    def tick(self) -> None:
+        pass
 
 
 def prune(root: Path, keep: int) -> list[Path]:

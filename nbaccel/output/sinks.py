@@ -1,12 +1,19 @@
 """Where relayed output goes. A Sink receives whole lines and events per rank, in the kernel.
 
 Sinks are called from the kernel's main thread (the cell that launched), so they may print into
-the cell or update widgets directly.
+the cell or update widgets directly. They have no clock of their own: the kernel's event loop
+asks ``tick_in()`` how soon a sink wants a ``tick()`` (to push lines it held back, to move a
+clock, to end a view) and wakes up for it. ``TeeSink`` sends every call to several sinks.
 
 Example:
     >>> sink = TextSink()
     >>> sink.output(1, "stdout", ["loss 0.25"])  # prints "[rank 1] loss 0.25"
     [rank 1] loss 0.25
+    >>> both = TeeSink(sink, CollectingSink())
+    >>> both.output(0, "stdout", ["hello"])
+    [rank 0] hello
+    >>> both.sinks[1].text(0), both.tick_in()
+    (['hello'], None)
 """
 
 from __future__ import annotations
@@ -40,7 +47,17 @@ class Sink(Protocol):
         """``outcome.rank`` has ended (succeeded, failed, stopped ...)."""
 
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
-        """Every rank has ended; flush whatever is buffered."""
+        """Every rank has ended (or the launch was given up); flush whatever is buffered.
+
+        Called once after every ``launch_started``, however the launch ended (interrupts,
+        timeouts, errors included): the only call that a sink can count on to end its view.
+        """
+
+    def tick_in(self) -> float | None:
+        """Seconds until the sink wants ``tick()`` called (0: now); None if it wants none."""
+
+    def tick(self) -> None:
+        """Do what is due now (push held lines, update a clock); cheap when nothing is."""
 
 
 class TextSink:
@@ -85,6 +102,12 @@ class TextSink:
                 pass
         self._written.clear()
 
+    def tick_in(self) -> float | None:
+        return None  # every line is written as it comes
+
+    def tick(self) -> None:
+        pass
+
 
 class CollectingSink:
     """Keeps every line in memory, by rank; for tests and for callers that want the text."""
@@ -112,5 +135,99 @@ class CollectingSink:
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
         pass
 
+    def tick_in(self) -> float | None:
+        return None
+
+    def tick(self) -> None:
+        pass
+
     def text(self, rank: int, stream: str | None = None) -> list[str]:
         return [line for s, line in self.lines.get(rank, []) if stream is None or s == stream]
+
+
+class TeeSink:
+    """Sends every call to each of ``sinks``, in order; ticks when the soonest of them wants.
+
+    Order matters where one sink reads another's state at ``launch_started`` (the widget view
+    names the log files the log sink opened: the log sink comes first).
+    """
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        for sink in self.sinks:
+            sink.launch_started(num_processes, attempt, ranks)
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        for sink in self.sinks:
+            sink.output(rank, stream, lines)
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.event(rank, event)
+
+    def rank_finished(self, outcome: RankOutcome) -> None:
+        for sink in self.sinks:
+            sink.rank_finished(outcome)
+
+    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        for sink in self.sinks:
+            sink.launch_finished(outcomes)
+
+    def tick_in(self) -> float | None:
+        wanted = [due for due in (sink.tick_in() for sink in self.sinks) if due is not None]
+        return min(wanted) if wanted else None
+
+    def tick(self) -> None:
+        for sink in self.sinks:
+            sink.tick()
+
+
+class ClocklessSink:
+    """A sink written against the protocol before it had ``tick_in``/``tick``: it never ticks.
+
+    Example:
+        >>> class Old:  # the five calls only
+        ...     def launch_started(self, num_processes, attempt, ranks=None): pass
+        ...     def output(self, rank, stream, lines): print(rank, lines)
+        ...     def event(self, rank, event): pass
+        ...     def rank_finished(self, outcome): pass
+        ...     def launch_finished(self, outcomes): pass
+        >>> sink = ClocklessSink(Old())
+        >>> sink.output(0, "stdout", ["hi"]); sink.tick_in()
+        0 ['hi']
+    """
+
+    CALLS = ("launch_started", "output", "event", "rank_finished", "launch_finished")
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+
+    @classmethod
+    def fits(cls, candidate: object) -> bool:
+        return all(callable(getattr(candidate, name, None)) for name in cls.CALLS)
+
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        if ranks is None:
+            self.sink.launch_started(num_processes, attempt)  # also fits sinks without ``ranks``
+        else:
+            self.sink.launch_started(num_processes, attempt, ranks=ranks)
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        self.sink.output(rank, stream, lines)
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        self.sink.event(rank, event)
+
+    def rank_finished(self, outcome: RankOutcome) -> None:
+        self.sink.rank_finished(outcome)
+
+    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        self.sink.launch_finished(outcomes)
+
+    def tick_in(self) -> float | None:
+        return None
+
+    def tick(self) -> None:
+        pass

@@ -1,19 +1,25 @@
-"""How a rank's state is said in words (and coloured, for those who can see colour).
+"""How a rank's state is shown: the words (from ``nbaccel.launch.outcome.status_words``), a
+symbol and colours, for those who can see colour.
 
 The same words label the chips, the tab titles, the static view and the text summary, so a
-failure reads the same everywhere and never depends on colour alone.
+failure reads the same everywhere and never depends on colour alone. The words themselves live
+with the outcome (the launch layer raises errors with them and must not import this one).
 
 Example:
     >>> from nbaccel.launch.outcome import RankOutcome, Status
     >>> rank_state(RankOutcome(rank=1, status=Status.SIGNALED, signal=9)).short
     'failed (SIGKILL)'
+    >>> rank_state(RankOutcome(rank=1, status=Status.SIGNALED, signal=9)).symbol
+    '✗'
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nbaccel.launch.outcome import RankOutcome, Status
+from nbaccel.launch.outcome import RankOutcome, failure_headline, status_words
+
+__all__ = ["RUNNING", "WAITING", "RankState", "elapsed_words", "failure_headline", "rank_state"]
 
 # (background, text, border): muted enough to read the words on, distinct enough to scan.
 _PALETTE = {
@@ -52,38 +58,9 @@ RUNNING = RankState("running", "running", "running")
 
 
 def rank_state(outcome: RankOutcome) -> RankState:
-    """The words for a rank that has ended (or RUNNING while its outcome is still open)."""
-    status = outcome.status
-    if status is Status.RUNNING:
-        return RUNNING
-    if status is Status.SUCCEEDED:
-        return RankState("done", "done", "done")
-    if status is Status.FAILED:
-        error = outcome.error
-        name = error.type_name if error is not None else "error"
-        code = f", exit code {outcome.exitcode}" if outcome.exitcode is not None else ""
-        return RankState("failed", f"failed ({name})", f"failed: {name}{code}")
-    if status is Status.EXITED:
-        if outcome.exitcode is None and outcome.signal_name:  # returned, then died by a signal
-            return RankState("failed", f"failed ({outcome.signal_name})", f"failed: killed by {outcome.signal_name} after returning")
-        return RankState("failed", f"failed (exit {outcome.exitcode})", f"failed: exited with code {outcome.exitcode} without returning")
-    if status is Status.SIGNALED:
-        return RankState("failed", f"failed ({outcome.signal_name})", f"failed: killed by {outcome.signal_name}")
-    if status is Status.STOPPED:
-        how = f" ({outcome.signal_name})" if outcome.signal_name else ""
-        return RankState("stopped", "stopped", f"stopped by nbaccel after another rank failed{how}")
-    if status is Status.INTERRUPTED:
-        return RankState("stopped", "interrupted", "interrupted (kernel interrupt)")
-    if status is Status.TIMED_OUT:
-        return RankState("stopped", "timed out", "stopped: the launch's timeout passed")
-    return RankState("stopped", status.value, status.value)
-
-
-def failure_headline(outcome: RankOutcome) -> str:
-    """One line that says why a failed rank failed: 'rank 1 failed: ValueError: boom'."""
-    if outcome.status is Status.FAILED and outcome.error is not None:
-        return f"rank {outcome.rank} failed: {outcome.error.headline()}"
-    return f"rank {outcome.rank} {rank_state(outcome).long}"
+    """The state shown for a rank that has ended (or RUNNING while its outcome is still open)."""
+    words = status_words(outcome)
+    return RankState(words.kind, words.short, words.long)
 
 
 def elapsed_words(seconds: float) -> str:

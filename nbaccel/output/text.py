@@ -19,8 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nbaccel.wire import rich
 from nbaccel.output.sinks import TextSink
+from nbaccel.wire import rich
 
 _MILESTONES = 4  # a line per quarter of a bar's total
 

@@ -11,7 +11,7 @@ import json
 import queue
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,13 +264,53 @@ SLEEPY = (
 )
 
 
+Moment = Callable[[list[dict[str, Any]]], bool]
+
+
+def shown_in_widgets(text: str, times: int) -> Moment:
+    """The moment the kernel has sent ``text`` to the frontend in ``times`` widget messages
+    (once per rank: then the kernel is relaying, in its event loop)."""
+
+    def seen(messages: list[dict[str, Any]]) -> bool:
+        return sum(text in json.dumps(m["content"]) for m in messages if m["msg_type"] in ("comm_open", "comm_msg")) >= times
+
+    return seen
+
+
+def files_exist(*paths: Path) -> Moment:
+    return lambda _messages: all(p.exists() for p in paths)
+
+
+def _interrupted(kernel: Kernel, code: str, moments: list[Moment], timeout: float = 60.0) -> Execution:
+    """Run ``code``, interrupting the kernel (as the stop button does) at each of ``moments`` in turn."""
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    msg = kernel.client.session.msg("execute_request", content)
+    kernel.client.shell_channel.send(msg)
+    started, messages, pending = time.monotonic(), [], list(moments)
+    while pending:
+        assert time.monotonic() < started + timeout, f"the cell never reached interrupt {len(moments) - len(pending) + 1}"
+        try:
+            got = kernel.client.get_iopub_msg(timeout=0.01)
+            if got["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                messages.append(got)
+        except queue.Empty:
+            pass
+        if pending[0](messages):
+            pending.pop(0)
+            kernel.manager.interrupt_kernel()
+    run = _collect(kernel, msg["header"]["msg_id"], timeout)
+    run.messages[:0] = messages
+    return run
+
+
 def _final_plain(run: Execution) -> str:
     (final,) = run.of_type("update_display_data")
     return final["content"]["data"]["text/plain"]
 
 
 def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
-    run = kernel.execute(SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')", timeout=60, interrupt_after=2.0)
+    code = SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets')"
+    run = _interrupted(kernel, code, [shown_in_widgets("started", times=2)])  # both ranks' first line is shown
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)
     assert "interrupted after" in plain.splitlines()[0]
@@ -284,4 +324,35 @@ def test_a_timed_out_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
     plain = _final_plain(run)
     assert "timed out after" in plain.splitlines()[0] and "── rank 1 · timed out ──" in plain
     assert "started" in plain
+    _no_ranks_left(kernel)
+
+
+STUBBORN = r"""
+import nbaccel, os, signal, time
+
+def stubborn(folder):
+    '''Ignores SIGTERM; notes each SIGINT and goes on: only the kernel's SIGKILL ends it.'''
+    rank = os.environ["RANK"]
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, lambda *_: open(os.path.join(folder, f"sigint{rank}"), "w").close())
+    print("started", flush=True)
+    while True:
+        time.sleep(0.05)
+
+nbaccel.notebook_launcher(stubborn, (FOLDER,), num_processes=2, output='widgets')
+"""
+
+
+def test_a_second_interrupt_still_ends_the_view(kernel: Kernel, tmp_path: Path) -> None:
+    # No hook on the cell's end finishes the view: launch_finished does, whichever way the cell ends.
+    # The first interrupt: the ranks get SIGINT, note it and go on; the second, while the kernel
+    # waits for them to stop, goes straight to SIGKILL.
+    noted = files_exist(tmp_path / "sigint0", tmp_path / "sigint1")
+    run = _interrupted(kernel, STUBBORN.replace("FOLDER", repr(str(tmp_path))), [shown_in_widgets("started", times=2), noted])
+    assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
+    plain = _final_plain(run)  # the static view replaced the widgets
+    assert "interrupted after" in plain.splitlines()[0] and "started" in plain
+    assert "── rank 0 · interrupted ──" in plain and "── rank 1 · interrupted ──" in plain  # not left "running"
+    closed = {m["content"]["comm_id"] for m in run.of_type("comm_close")}
+    assert {m["content"]["comm_id"] for m in run.of_type("comm_open")} <= closed
     _no_ranks_left(kernel)

@@ -184,7 +184,7 @@ def exit_early() -> None:
 
 
 def test_an_early_exit_is_reported_with_its_code() -> None:
-    with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: exited with code 3 before returning"):
+    with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: exited with code 3 without returning"):
         nbaccel.notebook_launcher(exit_early, num_processes=3)
 
 

@@ -98,3 +98,16 @@ class FakePublisher:
 @pytest.fixture
 def publisher() -> FakePublisher:
     return FakePublisher()
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the test says: ``clock.advance(0.05)``."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

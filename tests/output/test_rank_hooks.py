@@ -126,7 +126,7 @@ def test_the_import_hook_runs_after_the_module_and_never_breaks_the_import() -> 
         "import json, csv\n"
         "print('imported', csv.__name__)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert run.stdout.splitlines() == ["hooked [1]", "imported csv"]
     assert "could not hook into csv (ZeroDivisionError" in run.stderr
 
@@ -186,9 +186,8 @@ def test_update_display_replaces_by_display_id(start_method: str) -> None:
 
 @pytest.mark.parametrize("pid", [1, 255, 65_535, 65_536, 4_194_304, 2**31 - 1])
 def test_the_prepickled_started_event_is_what_pickling_it_gives(pid: int) -> None:
-    from nbaccel.wire import events
-    from nbaccel.wire import rich
     from nbaccel.rank import display_hooks as rank_hooks
+    from nbaccel.wire import events, rich
 
     assert events.loads(rank_hooks.started_payload(pid)) == rich.started_event(pid)
 
@@ -198,7 +197,8 @@ def test_tqdms_patched_methods_are_made_in_the_kernel_before_a_fork_and_tqdm_sta
 
     import tqdm.std
 
-    from nbaccel.rank import display_hooks as rank_hooks, progress_hooks as rank_progress  # noqa: F401 - rank_hooks registers the at-fork hook
+    from nbaccel.rank import display_hooks as rank_hooks  # noqa: F401 - rank_hooks registers the at-fork hook
+    from nbaccel.rank import progress_hooks as rank_progress
 
     def originals() -> tuple:
         return tuple(vars(tqdm.std.tqdm)[name] for name in ("__init__", "display", "close"))

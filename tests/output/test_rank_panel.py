@@ -61,7 +61,7 @@ def test_a_sync_resends_only_the_newest_block(comms: CommLog) -> None:
     panel = RankPanel(rank=0, max_lines=1000, chunk_lines=100)
     panel.add_lines("stdout", [f"x{i}" for i in range(150)])
     panel.sync()
-    first, second = (b.widget for b in panel.blocks)
+    _, second = (b.widget for b in panel.blocks)
     before = {c.comm_id: len(c.sent) for c in comms}
     panel.add_lines("stdout", ["y"])
     panel.sync()

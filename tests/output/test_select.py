@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from nbaccel.output import frontend
-from nbaccel.output.text import RichTextSink
 from nbaccel.output.choose import make_sink
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.output.sinks import CollectingSink, Sink, TeeSink
+from nbaccel.output.text import RichTextSink
 
 
 class FakeCommManager:
@@ -64,7 +64,7 @@ def test_auto_and_widgets_without_a_kernel_mean_text(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("NBACCEL_OUTPUT", "auto")
     assert isinstance(make_sink(None), RichTextSink)
     assert isinstance(make_sink("widgets"), RichTextSink)
-    assert "needs a Jupyter kernel" in capsys.readouterr().err
+    assert "needs a Jupyter kernel" in capsys.readouterr().out  # a notice (nbaccel.launch.notices), on stdout
 
 
 def test_a_frontend_that_opens_the_widget_control_comm_gets_widgets() -> None:
@@ -116,3 +116,54 @@ def test_the_watcher_wraps_a_handler_registered_before_it_and_comes_back_after_i
     frontend.widget_frontend_attached(shell)
     targets[frontend.CONTROL_TARGET]("comm", {})
     assert seen[-1] == "ipywidgets" and frontend.widget_frontend_attached(shell)
+
+
+def test_a_sink_written_before_the_protocol_had_ticks_is_used_without_them() -> None:
+    class FiveCalls:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def launch_started(self, num_processes: int, attempt: int) -> None:
+            pass
+
+        def output(self, rank: int, stream: str, lines: list[str]) -> None:
+            self.lines.extend(lines)
+
+        def event(self, rank: int, event: dict[str, Any]) -> None:
+            pass
+
+        def rank_finished(self, outcome: Any) -> None:
+            pass
+
+        def launch_finished(self, outcomes: list[Any]) -> None:
+            pass
+
+    old = FiveCalls()
+    sink = make_sink(old)  # type: ignore[arg-type]
+    assert isinstance(sink, Sink) and sink.tick_in() is None
+    sink.launch_started(2, 0)
+    sink.output(1, "stdout", ["kept"])
+    sink.tick()
+    assert old.lines == ["kept"]
+    with pytest.raises(TypeError, match="output must be one of .* or a Sink, got object"):
+        make_sink(object())  # type: ignore[arg-type]
+
+
+def test_a_tee_ticks_when_the_soonest_of_its_sinks_wants() -> None:
+    class Wants(CollectingSink):
+        def __init__(self, due: float | None) -> None:
+            super().__init__()
+            self.due, self.ticks = due, 0
+
+        def tick_in(self) -> float | None:
+            return self.due
+
+        def tick(self) -> None:
+            self.ticks += 1
+
+    late, never, soon = Wants(0.5), Wants(None), Wants(0.1)
+    tee = TeeSink(late, never, soon)
+    assert tee.tick_in() == 0.1 and TeeSink(never).tick_in() is None
+    tee.tick()
+    tee.output(0, "stdout", ["to all"])
+    assert [s.ticks for s in (late, never, soon)] == [1, 1, 1] and all(s.text(0) == ["to all"] for s in (late, never, soon))

@@ -1,26 +1,31 @@
-"""WidgetSink without a kernel: chips and tab titles (the ranks taking part, lowest first), coalescing, static end view, logs."""
+"""WidgetSink without a kernel: chips and tab titles (the ranks taking part, lowest first), coalescing, static end view, logs.
+
+Time is a fake clock: a test moves it on, and calls ``tick()`` where the kernel's event loop would.
+"""
 
 from __future__ import annotations
 
 import re
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
 from nbaccel.launch.outcome import RankOutcome, RemoteError, Status
-from nbaccel.output.text import RichTextSink
+from nbaccel.output.choose import WidgetSink
 from nbaccel.output.sinks import CollectingSink, Sink, TextSink
-from nbaccel.output.widgets.sink import WIDGET_VIEW_MIME, WidgetSink
-from tests.output.conftest import CommLog, FakePublisher
+from nbaccel.output.text import RichTextSink
+from nbaccel.output.widgets.sink import WIDGET_VIEW_MIME
+from tests.output.conftest import CommLog, FakeClock, FakePublisher
 
 ERROR = RemoteError("ValueError", "boom", 'Traceback (most recent call last):\n  File "<cell>", line 3, in f\nValueError: boom\n', 1.0)
 
 
-def _sink(publisher: FakePublisher, tmp_path: Path, **kwargs: object) -> WidgetSink:
-    options = {"publisher": publisher, "ticker": False, "log_root": tmp_path / "logs"}
+def _sink(publisher: FakePublisher, tmp_path: Path, clock: FakeClock | None = None, **kwargs: object) -> WidgetSink:
+    options = {"publisher": publisher, "log_root": tmp_path / "logs", "clock": clock or FakeClock()}
     options.update(kwargs)
     return WidgetSink(**options)  # type: ignore[arg-type]
+
 
 
 def _tab(comms: CommLog):
@@ -39,13 +44,13 @@ def test_the_launch_shows_one_widget_with_rank_0_first_and_selected(comms: CommL
     sink.launch_started(4, attempt=0)
     (kind, bundle, _), = publisher.calls
     assert kind == "show"
-    assert bundle[WIDGET_VIEW_MIME]["model_id"] == sink.view.root.model_id
+    assert bundle[WIDGET_VIEW_MIME]["model_id"] == sink.live.view.root.model_id
     assert "text/plain" in bundle
     tab = _tab(comms)
     assert tab.data["state"]["selected_index"] == 0
     assert list(tab.data["state"]["titles"]) == ["rank 0 · waiting", "rank 1 · waiting", "rank 2 · waiting", "rank 3 · waiting"]
     children = list(tab.data["state"]["children"])
-    assert children == [f"IPY_MODEL_{p.widget.model_id}" for p in sink.view.panels.values()]
+    assert children == [f"IPY_MODEL_{p.widget.model_id}" for p in sink.live.view.panels.values()]
     sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(4)])
 
 
@@ -69,10 +74,10 @@ def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publis
     assert _titles(comms) == ["rank 0 · waiting", "rank 1 · running"]
     sink.rank_finished(outcome)
     assert _titles(comms)[1] == title
-    chip_html = sink.view.chips[1].value
+    chip_html = sink.live.view.chips[1].value
     assert chip in chip_html.replace("&#x27;", "'")
     if outcome.is_failure:
-        assert sink.view.banner.value and f"rank 1 {chip.split('· ', 1)[1]}" in sink.view.banner.value.replace("&#x27;", "'") or "ValueError: boom" in sink.view.banner.value
+        assert sink.live.view.banner.value and f"rank 1 {chip.split('· ', 1)[1]}" in sink.live.view.banner.value.replace("&#x27;", "'") or "ValueError: boom" in sink.live.view.banner.value
     sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
     assert sink.tick_in() == 0.0
     sink.tick()
@@ -80,38 +85,51 @@ def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publis
 
 
 def test_output_is_coalesced_to_one_push_per_interval_and_no_line_is_lost(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
-    sink = _sink(publisher, tmp_path, interval=0.2, max_lines=100_000)
+    clock = FakeClock()
+    sink = _sink(publisher, tmp_path, clock, interval=0.2, max_lines=100_000)
     sink.launch_started(2, attempt=0)
     for i in range(1000):
         sink.output(0, "stdout", [f"line {i}"])
+        clock.advance(0.0001)  # 1000 lines in 0.1 s: all within one interval
     pushes = sum(len(c.updates("outputs")) + (1 if c.data.get("state", {}).get("outputs") else 0) for c in comms.of("OutputModel"))
-    assert pushes <= 2  # the first line goes out at once; the rest waits for the interval
-    time.sleep(0.21)
+    assert pushes == 1  # the first line goes out at once; the rest waits for the interval
+    clock.advance(0.11)
     sink.tick()
-    shown = [line for b in sink.view.panels[0].blocks for o in b.outputs for line in o["text"].splitlines()]
+    shown = [line for b in sink.live.view.panels[0].blocks for o in b.outputs for line in o["text"].splitlines()]
     assert shown == [f"line {i}" for i in range(1000)]
-    last = sink.view.panels[0].blocks[-1].widget
+    last = sink.live.view.panels[0].blocks[-1].widget
     assert last is not None and last.outputs[-1]["text"].endswith("line 999\n")
     messages = sum(len(c.sent) + 1 for c in comms.of("OutputModel"))
-    assert messages <= len(sink.view.panels[0].blocks) + 3  # a comm_open per block and about one update
+    assert messages <= len(sink.live.view.panels[0].blocks) + 3  # a comm_open per block and about one update
     sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
 
 
-def test_the_ticker_pushes_lines_that_arrive_just_before_a_quiet_spell(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
-    sink = _sink(publisher, tmp_path, ticker=True, interval=0.05)
+def test_a_tick_pushes_lines_that_arrive_just_before_a_quiet_spell_and_moves_the_clock(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    clock = FakeClock()
+    sink = _sink(publisher, tmp_path, clock, interval=0.05)
+    threads = threading.active_count()
     sink.launch_started(1, attempt=0)
+    assert threading.active_count() == threads  # no clock of its own: the kernel's event loop ticks it
     sink.output(0, "stdout", ["first"])
     sink.output(0, "stdout", ["second"])  # within the interval: not pushed by this call
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        sent = [o["text"] for c in comms.of("OutputModel") for u in c.updates("outputs") for o in u]
-        if sent and sent[-1].endswith("second\n"):
-            break
-        time.sleep(0.02)
-    else:
-        pytest.fail("the second line was never pushed")
+
+    def sent() -> list[str]:
+        return [o["text"] for c in comms.of("OutputModel") for u in [c.data["state"].get("outputs", []), *c.updates("outputs")] for o in u]
+
+    assert sent()[-1] == "first\n"
+    assert sink.tick_in() == pytest.approx(0.05)
+    sink.tick()  # a tick before it is due does nothing
+    assert sent()[-1] == "first\n"
+    clock.advance(0.05)
+    assert sink.tick_in() == 0.0
+    sink.tick()
+    assert sent()[-1] == "first\nsecond\n"
+    assert sink.tick_in() == pytest.approx(0.95)  # nothing held: only the elapsed time is due
+    clock.advance(0.95)
+    sink.tick()
+    assert "running · 1.0 s" in sink.live.view.clock.value
     sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
-    assert sink._ticker is None
+    assert sink.tick_in() is None
 
 
 def test_the_end_replaces_the_widget_by_a_static_view_rank_0_first_and_closes_the_widgets(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
@@ -145,7 +163,7 @@ def test_every_line_goes_to_the_ranks_log_file_even_beyond_the_cap(comms: CommLo
     sink.output(1, "stdout", [f"l{i}" for i in range(500)])
     sink.event(1, {"type": "display", "data": {"text/plain": "<Figure size 640x480 with 1 Axes>"}, "metadata": {}, "display_id": None, "update": False})
     sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
-    log = Path(sink.view.panels[1].log_file)
+    log = Path(sink.live.view.panels[1].log_file)
     assert log.parent.parent == tmp_path / "logs"
     assert log.read_text().splitlines() == [f"l{i}" for i in range(500)] + ["<Figure size 640x480 with 1 Axes>"]
     assert str(log) in publisher.final["text/plain"]
@@ -159,7 +177,7 @@ def test_a_restarted_launch_gets_a_view_and_log_files_per_attempt(comms: CommLog
         sink.launch_finished([RankOutcome(0, Status.EXITED, exitcode=2)])
     shows = [c for c in publisher.calls if c[0] == "show"]
     assert len(shows) == 2 and shows[0][2] != shows[1][2]
-    folder = Path(sink.view.log_dir)
+    folder = Path(sink.live.view.log_dir)
     assert (folder / "rank0.log").read_text() == "attempt 0\n"
     assert (folder / "rank0.attempt2.log").read_text() == "attempt 1\n"
     assert "attempt 2" in publisher.final["text/plain"].splitlines()[0]
@@ -198,25 +216,61 @@ def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(comms: 
     def broken(stream: str, lines: list[str]) -> None:
         raise RuntimeError("comm gone")
 
-    sink.view.panels[1].add_lines = broken  # type: ignore[method-assign]
+    sink.live.view.panels[1].add_lines = broken  # type: ignore[method-assign]
     sink.output(1, "stdout", ["after the failure"])
     sink.output(0, "stdout", ["still text"])
     sink.launch_finished([RankOutcome(r, Status.SUCCEEDED, exitcode=0) for r in range(2)])
-    captured = capsys.readouterr()
-    assert "the live widget view failed (RuntimeError: comm gone)" in captured.err
-    assert captured.out.splitlines() == ["[rank 1] after the failure", "[rank 0] still text"]
+    notice, *lines = capsys.readouterr().out.splitlines()  # nbaccel's notices go to stdout (nbaccel.launch.notices)
+    assert notice.startswith("nbaccel: the live widget view failed (RuntimeError: comm gone); the rest of this launch is shown as text")
+    assert lines == ["[rank 1] after the failure", "[rank 0] still text"]
+
+
+def test_a_view_that_breaks_in_a_tick_falls_back_to_text_and_its_logs_go_on(comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    sink = _sink(publisher, tmp_path, clock)
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", ["pushed at once"])
+    sink.output(0, "stdout", ["held"])
+
+    def broken() -> None:
+        raise RuntimeError("comm gone")
+
+    sink.live.view.panels[0].sync = broken  # type: ignore[method-assign]
+    clock.advance(1.0)
+    sink.tick()  # what the kernel's event loop calls: it must not raise into the launch
+    assert sink.fallback.failed and sink.tick_in() is None  # text needs no ticks
+    sink.output(0, "stdout", ["after the failure"])
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    notice, *lines = capsys.readouterr().out.splitlines()
+    assert "the live widget view failed (RuntimeError: comm gone)" in notice
+    assert lines == ["[rank 0] after the failure"]
+    assert sink.logs is not None and sink.logs.folder is not None
+    assert (sink.logs.folder / "rank0.log").read_text().splitlines() == ["pushed at once", "held", "after the failure"]
+
+
+def test_without_logs_the_view_names_no_log_files(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path, log_root=False, max_lines=3)
+    assert sink.sinks == (sink.fallback,)
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", [f"l{i}" for i in range(10)])
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    plain = publisher.final["text/plain"]
+    assert "full logs" not in plain and "earlier lines not shown" in plain and "the full log is in" not in plain
+    assert not (tmp_path / "logs").exists()
 
 
 def test_tick_in_says_when_held_lines_are_due_for_a_caller_that_drives_the_ticks(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
-    sink = _sink(publisher, tmp_path, interval=0.5)
+    clock = FakeClock()
+    sink = _sink(publisher, tmp_path, clock, interval=0.5)
     sink.launch_started(1, attempt=0)
-    assert 0.5 < sink.tick_in() <= 1.0  # nothing held: only the clock
+    clock.advance(0.25)
+    assert sink.tick_in() == pytest.approx(0.75)  # nothing held: only the clock
     sink.output(0, "stdout", ["pushed at once"])
     sink.output(0, "stdout", ["held"])
-    assert 0.0 < sink.tick_in() <= 0.5
-    time.sleep(sink.tick_in())
+    assert sink.tick_in() == pytest.approx(0.5)
+    clock.advance(sink.tick_in())
     sink.tick()
-    assert sink.view.panels[0].blocks[-1].widget.outputs[-1]["text"].endswith("held\n")
+    assert sink.live.view.panels[0].blocks[-1].widget.outputs[-1]["text"].endswith("held\n")
     sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
     assert sink.tick_in() is None
 
@@ -226,28 +280,28 @@ def test_a_cell_on_some_ranks_shows_exactly_those_labelled_with_their_true_numbe
     sink.launch_started(4, attempt=0, ranks=[3, 1])  # persistent workers: %%distributed --ranks 1,3
     tab = _tab(comms)
     assert _titles(comms) == ["rank 1 · waiting", "rank 3 · waiting"] and tab.data["state"]["selected_index"] == 0
-    assert [c.value.split("· ")[0][-7:] for c in sink.view.chips.values()] == ["rank 1 ", "rank 3 "]
-    assert "ranks 1, 3 of 4" in sink.view.title.value and "ranks 1, 3 of 4 running" in publisher.calls[0][1]["text/plain"]
+    assert [c.value.split("· ")[0][-7:] for c in sink.live.view.chips.values()] == ["rank 1 ", "rank 3 "]
+    assert "ranks 1, 3 of 4" in sink.live.view.title.value and "ranks 1, 3 of 4 running" in publisher.calls[0][1]["text/plain"]
     sink.event(3, {"type": "started", "pid": 13})
     sink.output(3, "stdout", ["from rank 3"])
     sink.rank_finished(RankOutcome(3, Status.SUCCEEDED, exitcode=0))
-    assert _titles(comms) == ["rank 1 · waiting", "rank 3 · done"] and not sink.finished
+    assert _titles(comms) == ["rank 1 · waiting", "rank 3 · done"] and not sink.live.finished
     sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
     sink.tick()
     plain, page = publisher.final["text/plain"], publisher.final["text/html"]  # both ranks ended: the view did
     assert plain.splitlines()[0].startswith("nbaccel: ranks 1, 3 of 4, done in")
     assert plain.index("── rank 1 · done") < plain.index("── rank 3 · done") and "rank 0" not in plain and "rank 2" not in plain
     assert "<details open><summary><b>rank 1 · done" in page and "<details><summary><b>rank 3 · done" in page
-    assert sink.view.panels[3].log_file.endswith("rank3.log") and sink._fallback is None
+    assert sink.live.view.panels[3].log_file.endswith("rank3.log") and not sink.fallback.failed
 
 
 def test_a_rank_that_was_not_announced_gets_a_tab_in_rank_order_and_the_selection_stays(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
     sink = _sink(publisher, tmp_path)
     sink.launch_started(4, attempt=0, ranks=[1, 3])
-    sink.view.tabs.selected_index = 1  # the user looks at rank 3
+    sink.live.view.tabs.selected_index = 1  # the user looks at rank 3
     sink.output(0, "stdout", ["an idle worker's thread printed"])
     assert _titles(comms) == ["rank 0 · running", "rank 1 · waiting", "rank 3 · waiting"]
-    assert sink.view.tabs.selected_index == 2  # still rank 3
+    assert sink.live.view.tabs.selected_index == 2  # still rank 3
     sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
     sink.rank_finished(RankOutcome(3, Status.SUCCEEDED, exitcode=0))
     sink.tick()

@@ -3,7 +3,7 @@ per rank taking part, the lowest first and selected.
 
 A launch runs every rank; a cell on persistent workers may run on some of them only
 (``ranks``): the view shows exactly those, each labelled with its true rank number.
-Only widgets live here; when to update them is ``WidgetSink``'s business.
+Only widgets live here; when to update them is ``LiveViewSink``'s business (widgets.sink).
 
 Example:
     >>> view = LaunchView(num_processes=2)
@@ -24,8 +24,8 @@ from typing import TypeVar
 
 import ipywidgets as w
 
-from nbaccel.output.widgets.rank_panel import RankPanel, close_tree
 from nbaccel.output.status_words import RUNNING, WAITING, RankState  # noqa: F401 - RUNNING is used by the doctest
+from nbaccel.output.widgets.rank_panel import RankPanel, close_tree
 
 V = TypeVar("V")
 

@@ -23,8 +23,8 @@ from typing import Any
 import ipywidgets as w
 
 from nbaccel.launch.outcome import RankOutcome
-from nbaccel.wire import rich
 from nbaccel.output.status_words import failure_headline
+from nbaccel.wire import rich
 
 CHUNK_LINES = 100
 MAX_LINE_CHARS = 10_000
