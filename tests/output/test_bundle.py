@@ -126,3 +126,13 @@ def test_nbformat_stores_it_as_json_and_validates_the_notebook(comms: CommLog, t
     stored = again.cells[0].outputs[0].data[RANKS_MIME]
     assert isinstance(stored, dict) and stored["ranks"][0]["outputs"][0]["text"] == "hi\n"
     assert '"application/vnd.nbaccel.ranks+json": {' in path.read_text()  # an object, not a string
+
+
+def test_the_static_view_carries_the_bundle_beside_its_html_and_text(comms: CommLog) -> None:
+    from nbaccel.output.widgets.static_view import static_bundle
+
+    view = LaunchView(num_processes=2)
+    view.panel(1).add_lines("stdout", ["from rank 1"])
+    data = static_bundle(view, "done in 1 s")
+    assert set(data) == {RANKS_MIME, "text/html", "text/plain"}
+    assert _valid(data[RANKS_MIME])["ranks"][1]["outputs"][0]["text"] == "from rank 1\n"

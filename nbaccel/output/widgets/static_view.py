@@ -26,6 +26,7 @@ import html
 import re
 from typing import Any
 
+from nbaccel.output.widgets.bundle import RANKS_MIME, ranks_bundle
 from nbaccel.output.widgets.live_view import LaunchView, chip_html, ranks_words, tab_title
 from nbaccel.output.widgets.rank_panel import RankPanel, failure_outputs
 
@@ -33,9 +34,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _IMAGE_MIMES = ("image/png", "image/jpeg", "image/gif")
 
 
-def static_bundle(view: LaunchView, summary: str) -> dict[str, str]:
-    """``{"text/html": ..., "text/plain": ...}`` for ``view``; ``summary`` says how it ended."""
-    return {"text/html": render_html(view, summary), "text/plain": render_text(view, summary)}
+def static_bundle(view: LaunchView, summary: str) -> dict[str, Any]:
+    """``{"text/html": ..., "text/plain": ..., RANKS_MIME: ...}`` for ``view``; ``summary`` says how it ended.
+
+    The per-rank JSON (``bundle.RANKS_MIME``) is for nbaccel's JupyterLab extension (rank tabs);
+    readers without it show the html or the text.
+    """
+    return {RANKS_MIME: ranks_bundle(view, summary), "text/html": render_html(view, summary), "text/plain": render_text(view, summary)}
 
 
 def render_text(view: LaunchView, summary: str) -> str:
