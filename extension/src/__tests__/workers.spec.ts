@@ -66,7 +66,7 @@ const idle: IWorkersStatus = {
     state: 'idle',
     host_memory: 300 * 1024 * 1024,
     gpu_memory: null,
-    last_cell: 7,
+    last_cell: '[7]',
     node: null
   }))
 };
@@ -166,6 +166,9 @@ describe('the workers panel', () => {
     expect(kernel.interrupts).toBe(1);
     comm.deliver({ type: 'error', request: 'restart', message: 'a cell is running on the workers' });
     expect(panel.node.querySelector('.nbaccel-workers-error')?.textContent).toBe('a cell is running on the workers');
+    comm.deliver({ ...status(null), message: 'the workers were stopped after a failure' });
+    expect(panel.node.querySelector('.nbaccel-workers-error')?.textContent).toBe('the workers were stopped after a failure');
+    expect(button('stop').disabled).toBe(true);
   });
 
   it('shows a node column only when ranks run on several nodes', async () => {

@@ -46,6 +46,11 @@ export class WorkersConnection {
     return this._workers;
   }
 
+  /** The kernel's note on the last status ('the workers were stopped after a failure ...'). */
+  get message(): string | null {
+    return this._message;
+  }
+
   /** Date.now() when the last status arrived (the busy clock counts on from it). */
   get receivedAt(): number {
     return this._receivedAt;
@@ -112,6 +117,7 @@ export class WorkersConnection {
     const message = parseMessage(msg.content.data);
     if (message?.type === 'status') {
       this._workers = message.workers;
+      this._message = message.message ?? null;
       this._receivedAt = Date.now();
       this._lastError = null;
     } else if (message?.type === 'error') {
@@ -165,5 +171,6 @@ export class WorkersConnection {
   private _workers: IWorkersStatus | null = null;
   private _receivedAt = 0;
   private _lastError: string | null = null;
+  private _message: string | null = null;
   private _watched = new Set<string>();
 }

@@ -22,7 +22,7 @@ const COLUMNS: [string, (rank: IRankInfo) => string][] = [
   ['state', r => r.state],
   ['host memory', r => bytesWords(r.host_memory)],
   ['GPU memory', r => bytesWords(r.gpu_memory)],
-  ['last cell', r => (r.last_cell === null ? '—' : `[${r.last_cell}]`)]
+  ['last cell', r => r.last_cell ?? '—']
 ];
 
 export class WorkersPanel extends Widget {
@@ -52,7 +52,7 @@ export class WorkersPanel extends Widget {
     this._summary.textContent = connection?.connected
       ? statusWords(workers, (Date.now() - connection.receivedAt) / 1000)
       : 'nbaccel is not loaded in this notebook’s kernel (run %load_ext nbaccel).';
-    this._error.textContent = connection?.lastError ?? '';
+    this._error.textContent = connection?.lastError ?? connection?.message ?? workers?.message ?? '';
     this._renderTable(workers);
     const busy = workers?.state === 'busy';
     this._buttons.interrupt.disabled = !busy;

@@ -15,7 +15,8 @@ export interface IRankInfo {
   state: string;
   host_memory: number | null;
   gpu_memory: number | null;
-  last_cell: number | null;
+  /** '[12]': the last cell it ran, as the notebook numbers it (or its first line). */
+  last_cell: string | null;
   node: string | null;
 }
 
@@ -36,6 +37,8 @@ export interface IStatusMessage {
   type: 'status';
   version: number;
   workers: IWorkersStatus | null;
+  /** Why none run, when that is news ('stopped after a failure ...'). */
+  message?: string | null;
 }
 
 export interface IErrorMessage {
