@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build nbaccel's JupyterLab extension (extension/ -> nbaccel/labextension); safe to run again.
 #
-#   scripts/build-extension.sh [--test] [--venv VENV] [--dist DIR]
+#   scripts/build-extension.sh [--venv VENV] [--test] [--link] [--dist DIR]
 #
+#   --venv VENV   take jlpm and python from VENV (default: PATH)
 #   --test        also run its jest tests (jlpm test)
-#   --venv VENV   make VENV's JupyterLab and Notebook 7 load this build: links it where the
+#   --link        make VENV's JupyterLab and Notebook 7 load this build: link it where the
 #                 wheel's shared-data puts it (VENV/share/jupyter/labextensions/nbaccel), as
 #                 `jupyter labextension develop` would; an editable nbaccel stays editable
 #   --dist DIR    build the wheel and the sdist into DIR and check their contents
@@ -15,13 +16,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-run_tests=0 venv="" dist=""
+run_tests=0 link=0 venv="" dist=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --test) run_tests=1; shift ;;
         --venv) venv=$2; shift 2 ;;
+        --link) link=1; shift ;;
         --dist) dist=$2; shift 2 ;;
-        *) echo "build-extension: unknown argument $1; usage: $0 [--test] [--venv VENV] [--dist DIR]" >&2; exit 2 ;;
+        *) echo "build-extension: unknown argument $1; usage: $0 [--venv VENV] [--test] [--link] [--dist DIR]" >&2; exit 2 ;;
     esac
 done
 
@@ -32,6 +34,7 @@ if [[ -z "$jlpm" ]]; then
     echo "build-extension: no jlpm found (it comes with the jupyter-builder package); pip install 'jupyter-builder>=1.2,<2' into ${venv:-your environment}" >&2
     exit 2
 fi
+export PATH="$(dirname "$jlpm"):$PATH"  # package.json's scripts call jlpm and jupyter-builder
 node_version=$(node --version 2>/dev/null || true)
 if [[ ! "$node_version" =~ ^v(2[0-9]|[3-9][0-9])\. ]]; then
     echo "build-extension: needs Node >= 20.19 (found ${node_version:-none}); install Node 20 or 22 (Debian's nodejs 18 is too old for Rspack)" >&2
@@ -46,7 +49,8 @@ if [[ $run_tests == 1 ]]; then
 fi
 cd "$root"
 
-if [[ -n "$venv" ]]; then
+if [[ $link == 1 ]]; then
+    [[ -n "$venv" ]] || { echo "build-extension: --link needs --venv VENV" >&2; exit 2; }
     target="$venv/share/jupyter/labextensions/nbaccel"
     rm -rf "$target" && mkdir -p "$target"
     ln -s "$root/nbaccel/labextension/package.json" "$target/package.json"
