@@ -66,8 +66,8 @@ def check(path: Path) -> list[str]:
 def _version_problems(path: Path, package: dict[str, object]) -> list[str]:
     wheel_version = path.name.split("-")[1]
     if package.get("version") != wheel_version:
-        return [f"wheel {path.name}: its labextension is version {package.get('version')!r}, the wheel {wheel_version!r}; "
-                "set extension/package.json's version to nbaccel/_version.py's and rebuild"]
+        found = package.get("version")
+        return [f"wheel {path.name}: its labextension is version {found!r}, the wheel {wheel_version!r}; set extension/package.json's version to nbaccel/_version.py's and rebuild"]
     return []
 
 
