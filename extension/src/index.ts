@@ -6,7 +6,7 @@
  *   persistent workers, over the `nbaccel.workers` comm.
  */
 
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
@@ -55,7 +55,7 @@ const workersPlugin: JupyterFrontEndPlugin<void> = {
   description: 'Status-bar item and sidebar panel of nbaccel persistent workers.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ILabShell],
+  optional: [IStatusBar],
   activate: (app: JupyterFrontEnd, tracker: INotebookTracker, statusBar: IStatusBar | null) => {
     const model = new WorkersModel();
     const follow = () => model.setSession(tracker.currentWidget?.sessionContext ?? null);
