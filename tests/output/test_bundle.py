@@ -4,6 +4,7 @@ valid against its JSON schema, stored by nbformat as JSON, and saying each rank'
 from __future__ import annotations
 
 import json
+import time
 from importlib import resources
 
 import jsonschema
@@ -136,3 +137,26 @@ def test_the_static_view_carries_the_bundle_beside_its_html_and_text(comms: Comm
     data = static_bundle(view, "done in 1 s")
     assert set(data) == {RANKS_MIME, "text/html", "text/plain"}
     assert _valid(data[RANKS_MIME])["ranks"][1]["outputs"][0]["text"] == "from rank 1\n"
+
+
+def test_the_widget_sink_saves_each_ranks_elapsed_time(comms: CommLog) -> None:
+    from nbaccel.output.widgets.sink import WidgetSink
+
+    published: list[dict] = []
+
+    class Publisher:
+        def show(self, data: dict, display_id: str) -> None:
+            published.append(data)
+
+        def update(self, data: dict, display_id: str) -> None:
+            published.append(data)
+
+    sink = WidgetSink(publisher=Publisher(), ticker=False, log_root=False)
+    sink.launch_started(2, 0)
+    time.sleep(0.05)
+    outcomes = [RankOutcome(rank=r, status=Status.SUCCEEDED, exitcode=0) for r in (0, 1)]
+    for outcome in outcomes:
+        sink.rank_finished(outcome)
+    sink.launch_finished(outcomes)
+    ranks = _valid(published[-1][RANKS_MIME])["ranks"]
+    assert all(0.05 <= r["elapsed"] < 5 for r in ranks), ranks

@@ -125,6 +125,7 @@ class WidgetSink:
         self._finished_ranks: set[int] = set()
         self._all_finished = False  # every rank taking part has ended: the next tick ends the view
         self._outcomes: dict[int, RankOutcome] = {}
+        self._elapsed: dict[int, float] = {}  # seconds from launch to each rank's end
         self._cell_hook: Any = None
         self._fallback: RichTextSink | None = None
 
@@ -147,6 +148,7 @@ class WidgetSink:
             self._finished_ranks = set()
             self._all_finished = False
             self._outcomes = {}
+            self._elapsed = {}
             self.display_id = f"nbaccel-{uuid.uuid4().hex}"
             self.publisher.show(self._live_bundle(), self.display_id)
             self._watch_cell_end()
@@ -197,6 +199,7 @@ class WidgetSink:
             first_failure = outcome.is_failure and not any(o.is_failure for o in self._outcomes.values())
             self._outcomes[rank] = outcome
             self._finished_ranks.add(rank)
+            self._elapsed[rank] = time.monotonic() - self._started_at  # the saved bundle's per-rank time
             self.view.set_state(rank, rank_state(outcome))
             if outcome.is_failure:
                 self.view.panel(rank).set_failure(outcome)
@@ -285,7 +288,7 @@ class WidgetSink:
                 self.logs.close()  # flushes; the folder may be pruned by later launches from now on
             try:
                 assert self.display_id is not None
-                self.publisher.update(static_bundle(view, summary), self.display_id)
+                self.publisher.update(static_bundle(view, summary, elapsed=self._elapsed), self.display_id)
             finally:
                 view.close()
                 self._unwatch_cell_end()
