@@ -174,7 +174,13 @@ def _status(page: sync_api.Page, pattern: str) -> str:
 
 
 def test_status_item_follows_the_workers_and_its_stop_button_stops_them(lab: Lab, browser: sync_api.Browser, shots: Path) -> None:
-    cells = ["%load_ext nbaccel", "%distributed start -n 2", "%%distributed\nimport time\ntime.sleep(4)", "%distributed stop"]
+    cells = [
+        "%load_ext nbaccel",
+        "%distributed start -n 2",
+        "%%distributed\nimport time\ntime.sleep(4)",
+        "%distributed stop",
+        "%%distributed\nimport time\ntime.sleep(60)",
+    ]
     path = _notebook(lab.root, "workers.ipynb", cells)
     page = _page(browser)
     try:
@@ -184,6 +190,9 @@ def test_status_item_follows_the_workers_and_its_stop_button_stops_them(lab: Lab
         assert _status(page, "^nbaccel: no workers$")
         _run_cell(page, 1)
         assert _status(page, "^nbaccel: 2 ranks idle$")
+        page.reload()  # a reloaded page rejoins the comm its predecessor left open
+        _wait_for_kernel(page, lab, path.name)
+        assert _status(page, "^nbaccel: 2 ranks idle$")
         _run_cell(page, 2)
         busy = _status(page, r"^nbaccel: 2 ranks busy \(cell \[3\], 0:0\d\)$")
         page.screenshot(path=str(shots / "status-busy.png"))
@@ -191,11 +200,18 @@ def test_status_item_follows_the_workers_and_its_stop_button_stops_them(lab: Lab
         _run_cell(page, 3)
         assert _status(page, "^nbaccel: no workers$")
 
-        _run_cell(page, 1)  # start again, then stop from the panel
+        _run_cell(page, 1)  # start again: interrupt a long cell, then stop from the panel
         _status(page, "^nbaccel: 2 ranks idle$")
+        _run_cell(page, 4)
+        _status(page, r"^nbaccel: 2 ranks busy \(cell \[\d+\], 0:0\d\)$")
         page.locator(".nbaccel-workers-status").click()
         panel = page.locator("#nbaccel-workers-panel")
         panel.wait_for(state="visible")
+        started = time.monotonic()
+        panel.get_by_role("button", name="Interrupt").click()  # the kernel's interrupt, as the stop button
+        _status(page, "^nbaccel: 2 ranks idle$")
+        assert time.monotonic() - started < 30, "the interrupt did not end the 60 s cell"
+        assert "KeyboardInterrupt" in page.locator(".jp-Cell").nth(4).locator(".jp-OutputArea").inner_text()
         panel.locator("tbody tr").nth(1).wait_for(state="visible")
         pids = [int(t) for t in panel.locator("tbody tr td:nth-child(2)").all_inner_texts()]
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
