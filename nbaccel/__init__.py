@@ -96,14 +96,18 @@ def __dir__() -> list[str]:
 def load_ipython_extension(ipython: Any) -> None:
     """Called by ``%load_ext nbaccel``: registers the ``%%distributed`` magics."""
     from nbaccel.notebook.magics import register
+    from nbaccel.notebook.workers_comm import attach
     from nbaccel.output.frontend import watch
 
     watch(ipython)  # from now on, notice widget frontends that (re)connect
     register(ipython)
+    attach(ipython)  # the JupyterLab extension's workers panel (inert without it)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Called by ``%unload_ext nbaccel``: removes the magics again."""
     from nbaccel.notebook.magics import unregister
+    from nbaccel.notebook.workers_comm import detach
 
+    detach(ipython)
     unregister(ipython)

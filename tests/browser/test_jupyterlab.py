@@ -70,7 +70,12 @@ def _quiet_settings(root: Path) -> None:
 def lab(tmp_path: Path) -> Iterator[Lab]:
     _quiet_settings(tmp_path)
     # NBACCEL_OUTPUT="" (the test session defaults it to text): the kernel must choose by itself.
-    with jupyterlab(tmp_path, env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path / ".home" / "logs")}) as server:
+    # The html fallback, as a reader without nbaccel's extension sees it (tests/browser/test_extension.py: with it).
+    config = tmp_path / ".home" / "config"
+    (config / "labconfig").mkdir(parents=True)
+    (config / "labconfig" / "page_config.json").write_text('{"disabledExtensions": {"nbaccel": true}}')
+    env = {"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path / ".home" / "logs"), "JUPYTER_CONFIG_DIR": str(config)}
+    with jupyterlab(tmp_path, env=env) as server:
         yield server
 
 

@@ -109,7 +109,9 @@ def test_the_widget_view_messages_rich_output_and_failure_marking(kernel: Kernel
     display_id = shown["content"]["transient"]["display_id"]
     (final,) = run.of_type("update_display_data")
     assert final["content"]["transient"]["display_id"] == display_id
-    assert set(final["content"]["data"]) == {"text/html", "text/plain"}
+    assert set(final["content"]["data"]) == {"application/vnd.nbaccel.ranks+json", "text/html", "text/plain"}
+    ranks = final["content"]["data"]["application/vnd.nbaccel.ranks+json"]["ranks"]  # the extension's rank tabs
+    assert ranks[1]["status"]["kind"] == "failed" and "ValueError" in ranks[1]["failure"]["traceback"][0]
 
     # Rank tabs: rank 0 first and selected; the failing rank's title says so in words.
     (tab,) = _opened(run, "TabModel")

@@ -144,7 +144,7 @@ def test_the_end_replaces_the_widget_by_a_static_view_rank_0_first_and_closes_th
     sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
     sink.launch_finished([RankOutcome(0, Status.SUCCEEDED), RankOutcome(1, Status.STOPPED), RankOutcome(2, Status.FAILED)])
     final = publisher.final
-    assert set(final) == {"text/html", "text/plain"}  # no widget view: nothing says "model not found" later
+    assert set(final) == {"application/vnd.nbaccel.ranks+json", "text/html", "text/plain"}  # no widget view: nothing says "model not found" later
     assert publisher.calls[0][2] == publisher.calls[-1][2]
     plain, page = final["text/plain"], final["text/html"]
     assert plain.index("── rank 0 · done") < plain.index("── rank 1 · stopped") < plain.index("── rank 2 · failed (ValueError)")

@@ -131,6 +131,7 @@ class LiveViewSink:
         self._finished_ranks: set[int] = set()
         self._all_finished = False  # every rank taking part has ended: the next tick ends the view
         self._outcomes: dict[int, RankOutcome] = {}
+        self._elapsed: dict[int, float] = {}  # seconds from launch to each rank's end (the saved bundle)
 
     # -- the Sink protocol -------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class LiveViewSink:
         self._finished_ranks = set()
         self._all_finished = False
         self._outcomes = {}
+        self._elapsed = {}
         self.display_id = f"nbaccel-{uuid.uuid4().hex}"
         self.publisher.show(self._live_bundle(), self.display_id)
 
@@ -178,6 +180,7 @@ class LiveViewSink:
         first_failure = outcome.is_failure and not any(o.is_failure for o in self._outcomes.values())
         self._outcomes[rank] = outcome
         self._finished_ranks.add(rank)
+        self._elapsed[rank] = self.clock() - self._started_at
         self.view.set_state(rank, rank_state(outcome))
         if outcome.is_failure:
             self.view.panel(rank).set_failure(outcome)
@@ -266,7 +269,7 @@ class LiveViewSink:
         view.set_clock(summary)
         try:
             assert self.display_id is not None
-            self.publisher.update(static_bundle(view, summary), self.display_id)
+            self.publisher.update(static_bundle(view, summary, elapsed=self._elapsed), self.display_id)
         finally:
             view.close()
 

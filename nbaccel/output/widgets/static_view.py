@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from nbaccel.output.widgets.bundle import RANKS_MIME, ranks_bundle
 from nbaccel.output.widgets.live_view import LaunchView, chip_html, ranks_words, tab_title
 from nbaccel.output.widgets.rank_panel import RankPanel, failure_outputs
 
@@ -33,9 +35,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _IMAGE_MIMES = ("image/png", "image/jpeg", "image/gif")
 
 
-def static_bundle(view: LaunchView, summary: str) -> dict[str, str]:
-    """``{"text/html": ..., "text/plain": ...}`` for ``view``; ``summary`` says how it ended."""
-    return {"text/html": render_html(view, summary), "text/plain": render_text(view, summary)}
+def static_bundle(view: LaunchView, summary: str, elapsed: Mapping[int, float] | None = None) -> dict[str, Any]:
+    """``{"text/html": ..., "text/plain": ..., RANKS_MIME: ...}`` for ``view``; ``summary`` says how it ended.
+
+    The per-rank JSON (``bundle.RANKS_MIME``, with each rank's ``elapsed`` seconds where known) is
+    for nbaccel's JupyterLab extension (rank tabs);
+    readers without it show the html or the text.
+    """
+    return {RANKS_MIME: ranks_bundle(view, summary, elapsed), "text/html": render_html(view, summary), "text/plain": render_text(view, summary)}
 
 
 def render_text(view: LaunchView, summary: str) -> str:
