@@ -51,6 +51,6 @@ print(notebook_launcher(pool_size, num_processes=1, cpu=True, timeout=60, output
 def test_omp_num_threads_set_by_the_user_is_kept() -> None:
     # One rank: nbaccel's share would be every core; the user asked for one thread.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(USER_CHOICE)], capture_output=True, text=True, timeout=80, env=env)
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(USER_CHOICE)], check=False, capture_output=True, text=True, timeout=80, env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[(1, '1')]"
