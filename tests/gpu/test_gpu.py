@@ -174,3 +174,14 @@ def test_cuda_initialised_in_the_kernel_falls_back_to_spawn_and_refuses_fork() -
     notices = [line for line in run.stderr.splitlines() if "spawn instead of fork" in line]
     assert len(notices) == 1, run.stderr  # one line, once
     assert notices[0].startswith("nbaccel: CUDA is already initialised in this kernel"), notices
+
+
+def test_cpu_ranks_on_a_gpu_machine_are_cpu_ranks_for_accelerate_too() -> None:
+    pytest.importorskip("accelerate")
+    import torch
+
+    from tests.rank.test_accelerate_world import world_seen_by_accelerate
+
+    results = nbaccel.notebook_launcher(world_seen_by_accelerate, args=("PartialState",), num_processes=2, cpu=True)
+    assert [(r["type"], r["backend"], r["device"], r["num_processes"]) for r in results] == [("MULTI_CPU", "gloo", "cpu", 2)] * 2
+    assert not torch.cuda.is_initialized()
