@@ -7,8 +7,9 @@
 ``test_can_join_uneven_inputs`` gives rank 0 two batches and rank 1 one (``even_batches=False``)
 inside ``accelerator.join_uneven_inputs``, which is a no-op unless ``Accelerator.multi_device``
 (GPU-like types only, not MULTI_CPU: it warns "only supported for multi-GPU training"). Without
-torch's ``Join``, rank 0's second DDP backward waits in an all-reduce rank 1 never joins, while
-rank 1 waits in ``wait_for_everyone()``'s barrier, until the process group's 30-minute timeout.
+torch's ``Join``, rank 0's second batch waits in DDP's forward (``_pre_forward``, a collective
+rank 1 never joins) while rank 1 waits in ``wait_for_everyone()``'s barrier, until the process
+group's 30-minute timeout (seen in both ranks' faulthandler stacks, under nbaccel on 2 CPU ranks).
 """
 
 from __future__ import annotations
