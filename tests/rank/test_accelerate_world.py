@@ -97,3 +97,8 @@ def test_accelerate_imported_first_inside_the_rank_sees_the_world_too() -> None:
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORTED_IN_THE_RANK)], check=False, capture_output=True, text=True, timeout=80)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[('MULTI_CPU', 2, 0), ('MULTI_CPU', 2, 1)]"
+
+
+def test_spawned_ranks_see_the_world_too() -> None:
+    results = notebook_launcher(world_seen_by_accelerate, args=("PartialState",), num_processes=2, cpu=True, start_method="spawn", timeout=80, output="text")
+    assert [(r["type"], r["num_processes"], r["process_index"]) for r in results] == [("MULTI_CPU", 2, 0), ("MULTI_CPU", 2, 1)]
