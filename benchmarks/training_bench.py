@@ -150,19 +150,24 @@ def _figures(kernel, expression: str) -> dict:
     return json.loads(line[len("FIGURES"):])
 
 
-def run_torchrun(out_dir: str, label: str, steps: int) -> dict:
-    """One torchrun of 2 ranks on this script; both ranks' figures."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=static",
-        "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
-        os.path.abspath(__file__), "--as-rank", out_dir, label, repr(time.time()), str(steps),
-    ]
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-    subprocess.run(command, check=True, env=env, capture_output=True, timeout=300)
-    return read_figures(out_dir, label)
+def run_torchrun(out_dir: str, label: str, steps: int, tries: int = 2) -> dict:
+    """One torchrun of 2 ranks on this script; both ranks' figures. A free port can be taken by
+    another program before torchrun binds it: then it is tried once more, on another port."""
+    for attempt in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=static",
+            "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
+            os.path.abspath(__file__), "--as-rank", out_dir, label, repr(time.time()), str(steps),
+        ]
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+        run = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+        if run.returncode == 0:
+            return read_figures(out_dir, label)
+        print(f"torchrun failed (exit {run.returncode}, try {attempt + 1} of {tries}):\n{run.stderr[-1500:]}", file=sys.stderr)
+    sys.exit("torchrun failed; see above")
 
 
 def median(figures: list[dict], key: str) -> float:
