@@ -5,7 +5,7 @@ beside a raw ``os.fork`` floor and the anchors measured in the same run:
 torch.multiprocessing's fork (gloo init + all_reduce) and, when installed, Accelerate's
 notebook_launcher. Prints medians and ratios.
 
-    python benchmarks/launch_bench.py [--runs 15]
+    python benchmarks/launch_bench.py [--runs 15] [--ranks 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import nbaccel
 from nbaccel.output.sinks import CollectingSink
 
 RUNS = __RUNS__
+RANKS = __RANKS__  # process counts; on GPUs at most one per GPU
 
 def median_ms(fn, runs=RUNS):
     fn()  # warm-up
@@ -47,9 +48,10 @@ def raw_fork(n):
 def trivial():
     return 0
 
-def gloo_all_reduce():
-    dist.init_process_group("gloo")
-    t = torch.ones(1); dist.all_reduce(t)
+def gloo_all_reduce():  # nccl on GPU ranks: the default backend for a CUDA tensor
+    on_gpu = os.environ.get("NBACCEL_DEVICE_TYPE") == "cuda"
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    t = torch.ones(1, device=f"cuda:{os.environ['LOCAL_RANK']}" if on_gpu else "cpu"); dist.all_reduce(t)
     return t.item()
 
 def free_port():
@@ -66,7 +68,7 @@ def mp_fork_all_reduce(n):
 
 quiet = lambda: CollectingSink()
 out = {"trivial": {}, "fork_floor": {}, "all_reduce": {}, "mp_all_reduce": {}, "accelerate": {}}
-for n in (1, 2, 4, 8):
+for n in RANKS:
     runs = RUNS if n < 8 else max(5, RUNS // 2)
     out["fork_floor"][n] = median_ms(lambda: raw_fork(n), runs)
     out["trivial"][n] = median_ms(lambda: nbaccel.notebook_launcher(trivial, num_processes=n, output=quiet()), runs)
@@ -75,7 +77,7 @@ for n in (1, 2, 4, 8):
         out["mp_all_reduce"][n] = median_ms(lambda: mp_fork_all_reduce(n), max(5, runs // 2))
 try:
     import accelerate, contextlib, io
-    for n in (2, 4):
+    for n in [n for n in RANKS if n in (2, 4)]:
         def acc():
             with contextlib.redirect_stdout(io.StringIO()):
                 accelerate.notebook_launcher(trivial, num_processes=n, use_port=str(free_port()))
@@ -91,12 +93,14 @@ def chatty(lines):
     return lines
 
 LINES = 50_000
+CHATTY = min(4, max(RANKS))
 t = time.perf_counter()
 sink = CollectingSink()
-nbaccel.notebook_launcher(chatty, args=(LINES,), num_processes=4, output=sink)
+nbaccel.notebook_launcher(chatty, args=(LINES,), num_processes=CHATTY, output=sink)
 relay_s = time.perf_counter() - t
-out["relay_lines_per_s"] = 4 * LINES / relay_s
-out["relay_lost"] = 4 * LINES - sum(len(sink.text(r)) for r in range(4))
+out["chatty_ranks"] = CHATTY
+out["relay_lines_per_s"] = CHATTY * LINES / relay_s
+out["relay_lost"] = CHATTY * LINES - sum(len(sink.text(r)) for r in range(CHATTY))
 
 def uss_of_rank():
     return psutil.Process().memory_full_info().uss
@@ -106,20 +110,29 @@ def uss_raw_fork():
     if pid == 0:
         os.write(w, str(psutil.Process().memory_full_info().uss).encode()); os._exit(0)
     os.close(w); value = int(os.read(r, 64)); os.close(r); os.waitpid(pid, 0); return value
-out["uss_rank_mb"] = statistics.median(nbaccel.notebook_launcher(uss_of_rank, num_processes=2, output=quiet())) / 2**20
+out["uss_rank_mb"] = statistics.median(nbaccel.notebook_launcher(uss_of_rank, num_processes=min(2, max(RANKS)), output=quiet())) / 2**20
 out["uss_fork_mb"] = statistics.median(uss_raw_fork() for _ in range(3)) / 2**20
 print("BENCH" + json.dumps(out))
 '''
 
-TEXT_CELL = "t = time.perf_counter(); nbaccel.notebook_launcher(chatty, args=(LINES,), num_processes=4, output='text'); print('ELAPSED', time.perf_counter() - t)"
+TEXT_CELL = "t = time.perf_counter(); nbaccel.notebook_launcher(chatty, args=(LINES,), num_processes=CHATTY, output='text'); print('ELAPSED', time.perf_counter() - t)"
+
+
+def rank_counts(text: str) -> tuple[int, ...]:
+    """``"1,2"`` -> (1, 2): the process counts to measure."""
+    counts = tuple(int(part) for part in text.split(","))
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive counts separated by commas, e.g. 1,2; got {text!r}")
+    return counts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--ranks", type=rank_counts, default=(1, 2, 4, 8), metavar="1,2,4,8", help="process counts to measure (on GPUs at most one per GPU)")
     args = parser.parse_args()
     with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as kernel:
-        run = kernel.execute(KERNEL_CODE.replace("__RUNS__", str(args.runs)), timeout=900)
+        run = kernel.execute(KERNEL_CODE.replace("__RUNS__", str(args.runs)).replace("__RANKS__", repr(args.ranks)), timeout=900)
         if run.status != "ok":
             sys.exit(f"benchmark failed in the kernel:\n{run.error}")
         line = next(l for l in run.stdout.splitlines() if l.startswith("BENCH"))
@@ -132,7 +145,7 @@ def main() -> None:
 
 def report(r: dict, text_received: int, text_elapsed: float) -> None:
     print(f"{'ranks':>5} | {'raw fork':>9} | {'nbaccel trivial':>15} | {'ratio':>5} | {'accelerate':>10} | {'nbaccel/acc':>11} | {'nbaccel gloo+all_reduce':>23} | {'torch.mp fork':>13} | {'ratio':>5}")
-    for n in ("1", "2", "4", "8"):
+    for n in r["fork_floor"]:
         floor, triv, ar = r["fork_floor"][n], r["trivial"][n], r["all_reduce"][n]
         acc = r["accelerate"].get(n)
         mp = r["mp_all_reduce"].get(n)
@@ -142,8 +155,9 @@ def report(r: dict, text_received: int, text_elapsed: float) -> None:
             + f" | {ar:21.1f}ms | "
             + (f"{mp:11.1f}ms | {ar / mp:5.2f}" if mp else f"{'-':>13} | {'-':>5}")
         )
-    print(f"relay throughput, 4 ranks x 50,000 lines, kernel-side sink: {r['relay_lines_per_s']:,.0f} lines/s, lost {r['relay_lost']}")
-    print(f"relay throughput, text sink into the notebook (client side count): {4 * 50_000 / text_elapsed:,.0f} lines/s, received {text_received:,} of {4 * 50_000:,}")
+    chatty = r["chatty_ranks"]
+    print(f"relay throughput, {chatty} ranks x 50,000 lines, kernel-side sink: {r['relay_lines_per_s']:,.0f} lines/s, lost {r['relay_lost']}")
+    print(f"relay throughput, text sink into the notebook (client side count): {chatty * 50_000 / text_elapsed:,.0f} lines/s, received {text_received:,} of {chatty * 50_000:,}")
     print(f"memory per rank (USS): nbaccel rank {r['uss_rank_mb']:.1f} MiB vs raw fork child {r['uss_fork_mb']:.1f} MiB (extra {r['uss_rank_mb'] - r['uss_fork_mb']:.1f} MiB)")
 
 

@@ -13,7 +13,7 @@ execute_request to receiving its execute_reply. Measured, as medians over many r
 Targets (issue 5): the trivial cell on 2 workers within 1.5x the local cell; start < 0.5 s for 4
 CPU ranks. ``--profile`` adds a cProfile of the kernel side of the trivial pool cell.
 
-    python benchmarks/pool_bench.py [--runs 200] [--one-shot-runs 15] [--profile]
+    python benchmarks/pool_bench.py [--runs 200] [--one-shot-runs 15] [--ranks 2,4] [--profile]
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ def start_times(kernel: Kernel, n: int, runs: int) -> tuple[float, float, float]
     return first, statistics.median(trips) * 1e3, statistics.median(inside) * 1e3
 
 
-def measure(kernel: Kernel, runs: int, one_shot_runs: int) -> dict[str, object]:
+def measure(kernel: Kernel, runs: int, one_shot_runs: int, ranks: tuple[int, ...] = (2, 4)) -> dict[str, object]:
     figures: dict[str, object] = {}
-    for n in (2, 4):
+    for n in ranks:
         figures[f"start {n}"] = start_times(kernel, n, max(5, runs // 20))
         round_trip(kernel, f"%distributed start -n {n}")
         figures[f"pool {n}"] = interleaved(kernel, {"local": LOCAL, "trivial": TRIVIAL.format(opts=""), "all_reduce": ALL_REDUCE.format(opts="")}, runs)
@@ -105,10 +105,10 @@ def measure(kernel: Kernel, runs: int, one_shot_runs: int) -> dict[str, object]:
     return figures
 
 
-def report(figures: dict[str, object], runs: int, one_shot_runs: int) -> None:
+def report(figures: dict[str, object], runs: int, one_shot_runs: int, ranks: tuple[int, ...] = (2, 4)) -> None:
     print(f"round trips from the client (execute_request -> execute_reply), medians; {runs} runs on workers, {one_shot_runs} one-shot")
     print(f"{'cell':<34} | {'ms':>8} | {'x local pass':>12}")
-    for n in (2, 4):
+    for n in ranks:
         for mode in ("pool", "one-shot"):
             cells = figures[f"{mode} {n}"]
             assert isinstance(cells, dict)
@@ -117,29 +117,40 @@ def report(figures: dict[str, object], runs: int, one_shot_runs: int) -> None:
             for name in ("trivial", "all_reduce"):
                 label = f"{'workers' if mode == 'pool' else 'one-shot'} {n} ranks: {name}"
                 print(f"{label:<34} | {cells[name]:8.2f} | {cells[name] / local:12.2f}")
-    for n in (2, 4):
+    for n in ranks:
         first, trip, inside = figures[f"start {n}"]  # type: ignore[misc]
         print(f"%distributed start -n {n}: first {first:.0f} ms; then median {trip:.1f} ms round trip, {inside:.1f} ms inside the kernel")
+    if ranks != (2, 4):
+        return  # the targets are set for 2 and 4 CPU ranks
     trivial, local = figures["pool 2"]["trivial"], figures["pool 2"]["local"]  # type: ignore[index]
     start4 = figures["start 4"][1]  # type: ignore[index]
     print(f"target: trivial cell on 2 workers <= 1.5x local: {trivial / local:.2f}x -> {'met' if trivial <= 1.5 * local else 'MISSED'}")
     print(f"target: start of 4 CPU workers < 500 ms (round trip): {start4:.0f} ms -> {'met' if start4 < 500 else 'MISSED'}")
 
 
+def rank_counts(text: str) -> tuple[int, ...]:
+    """``"1,2"`` -> (1, 2): the process counts to measure."""
+    counts = tuple(int(part) for part in text.split(","))
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive counts separated by commas, e.g. 2,4; got {text!r}")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200, help="round trips per cell on workers")
     parser.add_argument("--one-shot-runs", type=int, default=15, help="round trips per one-shot cell")
+    parser.add_argument("--ranks", type=rank_counts, default=(2, 4), metavar="2,4", help="worker counts to measure (default 2,4; on GPUs at most one per GPU)")
     parser.add_argument("--profile", action="store_true", help="also profile the kernel side of the trivial pool cell")
     args = parser.parse_args()
     with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as kernel:
         round_trip(kernel, SETUP)
-        figures = measure(kernel, args.runs, args.one_shot_runs)
+        figures = measure(kernel, args.runs, args.one_shot_runs, args.ranks)
         if args.profile:
-            round_trip(kernel, "%distributed start -n 2")
+            round_trip(kernel, f"%distributed start -n {args.ranks[0]}")
             print(kernel.execute(PROFILE.format(runs=args.runs), timeout=600).stdout)
             round_trip(kernel, "%distributed stop")
-    report(figures, args.runs, args.one_shot_runs)
+    report(figures, args.runs, args.one_shot_runs, args.ranks)
 
 
 if __name__ == "__main__":

@@ -365,6 +365,26 @@ X = torch.randn(1024, 8)
 y = (X.sum(dim=1, keepdim=True) > 0).float()
 accelerate.__version__
 """),
+    md("""
+## Accelerate's `PartialState` on its own
+
+Accelerate's scripts often start from `PartialState()` rather than an `Accelerator`. On CPU ranks
+Accelerate itself would count one process per rank unless told `cpu=True`; in an nbaccel launch
+it sees the launch's ranks either way.
+"""),
+    code("""
+%%distributed -o worlds
+from accelerate import PartialState
+
+acc_state = PartialState()
+acc_state.print(acc_state)  # once, on the main process
+acc_state.distributed_type.value, acc_state.num_processes, acc_state.process_index
+"""),
+    code("""
+print(worlds)
+assert [index for _, _, index in worlds] == list(range(len(worlds)))
+assert all(processes == len(worlds) for _, processes, _ in worlds)
+"""),
     code("""
 %%distributed -o accuracies
 import torch
@@ -537,12 +557,231 @@ one-shot launches again. Shutting the kernel down or restarting it stops them to
 ]
 
 
+HF_TRAINER = [
+    md("""
+# A Hugging Face `Trainer` under `%%distributed`
+
+`transformers.Trainer` runs unchanged in a `%%distributed` cell: it reads the rank, world size and
+device from the environment each rank is launched with, wraps the model in DDP and gives each
+rank its own shard of every batch. Nothing is downloaded here: the model is a tiny GPT-2 built
+from a config, and the data are sequences of consecutive tokens, easy to learn in a few dozen
+steps. Each rank shows its own progress bar; rank 0 logs the loss and saves the model.
+"""),
+    code("%load_ext nbaccel"),
+    code("""
+import os
+import tempfile
+
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+VOCAB, LENGTH, SAMPLES = 32, 16, 512
+
+
+class CountingSequences(torch.utils.data.Dataset):
+    "Sequences of consecutive tokens (mod VOCAB) from random starts; remembers which it served."
+
+    def __init__(self):
+        starts = torch.randint(0, VOCAB, (SAMPLES, 1), generator=torch.Generator().manual_seed(0))
+        self.tokens = (starts + torch.arange(LENGTH)) % VOCAB
+        self.served = []
+
+    def __len__(self):
+        return SAMPLES
+
+    def __getitem__(self, index):
+        self.served.append(index)
+        return {"input_ids": self.tokens[index], "labels": self.tokens[index]}
+
+
+class RankRun:
+    "What one rank brings back: the indices it was served in each epoch and the losses it logged."
+
+    def __init__(self, shards, losses):
+        self.shards, self.losses = shards, losses
+
+    def __repr__(self):
+        return f"RankRun({len(self.shards)} epochs of {len(self.shards[0])} samples, loss {self.losses[0]:.3f} -> {self.losses[-1]:.3f})"
+
+
+config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM")
+output_dir = tempfile.mkdtemp(prefix="nbaccel-trainer-")
+transformers.__version__
+"""),
+    md("""
+## Train on every rank
+
+`RankProgress` is a `TrainerCallback` that gives every rank a progress bar (the `Trainer`'s own
+bar is on rank 0 only); `ShardLog` keeps the indices each rank was served in each epoch.
+`trainer.save_model` writes the model on rank 0 only. `-o runs` brings back every rank's shards
+and logged losses, as a `RankRun` (defined above, in the kernel).
+"""),
+    code("""
+%%distributed -o runs
+from tqdm.auto import tqdm
+
+
+class RankProgress(TrainerCallback):
+    def on_train_begin(self, args, train_state, control, **kwargs):
+        self.bar = tqdm(total=train_state.max_steps, desc=f"rank {args.process_index}")
+
+    def on_step_end(self, args, train_state, control, **kwargs):
+        self.bar.update(1)
+
+    def on_train_end(self, args, train_state, control, **kwargs):
+        self.bar.close()
+
+
+class ShardLog(TrainerCallback):
+    def __init__(self, data):
+        self.data, self.shards = data, []
+
+    def on_epoch_end(self, args, train_state, control, **kwargs):
+        self.shards.append(sorted(self.data.served))
+        self.data.served.clear()
+
+
+torch.manual_seed(0)
+data = CountingSequences()
+shards = ShardLog(data)
+args = TrainingArguments(
+    output_dir=output_dir, num_train_epochs=3, per_device_train_batch_size=16, learning_rate=3e-3,
+    logging_steps=8, save_strategy="no", report_to="none", disable_tqdm=True,
+    dataloader_pin_memory=False, ddp_find_unused_parameters=False,
+)
+trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=[RankProgress(), shards])
+trainer.train()
+trainer.save_model(output_dir)  # the Trainer writes on the main process only
+print(f"rank {args.process_index} of {args.world_size}: {len(shards.shards[0])} samples per epoch")
+RankRun(shards.shards, [entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
+"""),
+    md("""
+## Back in the kernel
+
+In each epoch the ranks were served disjoint shards that together cover the data set; DDP kept
+their replicas identical, so every rank logged the same losses, and they went down. The model
+rank 0 saved predicts the next token of a sequence it never saw.
+"""),
+    code("""
+for epoch in range(3):
+    epoch_shards = [set(run.shards[epoch]) for run in runs]
+    assert sum(len(s) for s in epoch_shards) == SAMPLES == len(set().union(*epoch_shards)), "shards overlap"
+assert all(run.losses == runs[0].losses for run in runs)
+losses = runs[0].losses
+print(f"{len(runs)} ranks, {len(epoch_shards[0])} samples each per epoch; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+assert losses[-1] < losses[0]
+
+print("saved:", sorted(os.listdir(output_dir)))
+model = GPT2LMHeadModel.from_pretrained(output_dir)  # on the CPU: the kernel keeps CUDA untouched
+sequence = (torch.arange(LENGTH) + 5) % VOCAB
+with torch.no_grad():
+    predicted = model(sequence[None, :-1]).logits.argmax(-1)[0]
+accuracy = (predicted[4:] == sequence[5:]).float().mean().item()
+print(f"next-token accuracy after the first few tokens: {accuracy:.0%}")
+"""),
+    code("""
+import shutil
+
+shutil.rmtree(output_dir)
+"""),
+]
+
+
+FSDP2 = [
+    md("""
+# FSDP2: `fully_shard` under `%%distributed`
+
+With FSDP (fully sharded data parallel) each rank keeps only its shard of every parameter,
+gradient and optimizer state, and gathers a layer's full weights just for its forward and
+backward. PyTorch's FSDP2 API is `torch.distributed.fsdp.fully_shard`: applied to each layer and
+then to the whole model, it turns the parameters into `DTensor`s sharded along their first
+dimension. It runs on GPUs with NCCL and, as here on a CPU-only machine, on gloo.
+"""),
+    code("%load_ext nbaccel"),
+    code("""
+import os
+import tempfile
+
+import torch
+
+torch.manual_seed(0)
+X = torch.randn(1024, 16)
+y = X @ torch.randn(16, 1) + 0.1 * torch.randn(1024, 1)
+checkpoint = os.path.join(tempfile.mkdtemp(prefix="nbaccel-fsdp-"), "model.pt")
+
+
+def make_model():
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+"""),
+    md("""
+## Shard, train, save
+
+Each rank trains on its own slice of the data. To save, `get_model_state_dict` with
+`full_state_dict=True, cpu_offload=True` gathers the full weights onto rank 0's CPU (the other
+ranks get an empty dict), and rank 0 writes them.
+"""),
+    code("""
+%%distributed -o losses
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
+
+device = state.device  # the process group is up from here on: FSDP needs it
+torch.manual_seed(0)  # the same initial weights on every rank
+model = make_model().to(device)
+for layer in model:
+    if isinstance(layer, torch.nn.Linear):
+        fully_shard(layer)
+fully_shard(model)
+weight = model[0].weight
+print(f"rank {state.process_index}: {type(weight).__name__} of shape {tuple(weight.shape)}, this rank holds {tuple(weight.to_local().shape)}")
+
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+with state.split_between_processes(list(range(len(X)))) as mine:
+    xb, yb = X[mine].to(device), y[mine].to(device)
+for step in range(60):
+    loss = F.mse_loss(model(xb), yb)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if step % 20 == 0:
+        state.print(f"step {step}: loss {loss.item():.4f}")
+
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if state.is_main_process:
+    torch.save(full, checkpoint)
+loss.item()
+"""),
+    md("""
+## Back in the kernel
+
+The saved state dict is an ordinary one: load it into the unsharded model.
+"""),
+    code("""
+model = make_model()
+model.load_state_dict(torch.load(checkpoint))
+with torch.no_grad():
+    mse = torch.nn.functional.mse_loss(model(X), y).item()
+print(f"final loss on each rank's slice: {[round(l, 4) for l in losses]}; on all {len(X)} samples: {mse:.4f}")
+assert mse < torch.nn.functional.mse_loss(torch.zeros_like(y), y).item() / 10
+"""),
+    code("""
+import shutil
+
+shutil.rmtree(os.path.dirname(checkpoint))
+"""),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ddp_training.ipynb": DDP_TRAINING,
     "03_execution_process.ipynb": EXECUTION_PROCESS,
     "04_accelerate.ipynb": ACCELERATE,
     "05_persistent_workers.ipynb": PERSISTENT_WORKERS,
+    "06_hf_trainer.ipynb": HF_TRAINER,
+    "07_fsdp2.ipynb": FSDP2,
 }
 
 

@@ -16,6 +16,12 @@ What a frontend leaves behind in the kernel, strongest evidence first:
    console and a bare jupyter_client do not. Such a notebook is assumed to render widgets
    (ipywidgets 8, an nbaccel dependency, brings ``jupyterlab_widgets``); if it cannot, the
    widget's text fallback shows until the static view replaces it at the end.
+   VS Code's notebooks and interactive window (whose widget manager renders ipywidgets 8) send
+   ``cellId`` with every cell: the URI of the cell's document, ``vscode-notebook-cell:...``
+   (vscode-jupyter's ``cellExecution.ts``). JupyterLab's ``cellId`` is an nbformat cell id and
+   nbclient's none, so the scheme tells VS Code apart. Its environment (``VSCODE_PID``, ...) does
+   not: a kernel started by ``jupyter notebook`` in VS Code's terminal has it too, and a kernel
+   on a remote Jupyter server that VS Code connects to has none.
 
 Anything else (no kernel: terminal IPython, plain Python) means text.
 
@@ -31,6 +37,7 @@ from typing import Any
 
 CONTROL_TARGET = "jupyter.widget.control"
 _JUPYTERLAB_CELL_KEYS = ("deletedCells", "recordTiming")
+_VSCODE_CELL_SCHEMES = ("vscode-notebook-cell:", "vscode-interactive")
 
 _state: dict[str, Any] = {"seen": False, "since_start": False, "manager": None, "handler": None}
 
@@ -72,7 +79,13 @@ def widget_frontend_attached(shell: Any = None) -> bool:
     if _state["since_start"]:
         return False
     metadata = _current_parent(kernel).get("metadata") or {}
-    return any(key in metadata for key in _JUPYTERLAB_CELL_KEYS)
+    return any(key in metadata for key in _JUPYTERLAB_CELL_KEYS) or _sent_by_vscode(metadata)
+
+
+def _sent_by_vscode(metadata: dict[str, Any]) -> bool:
+    """The cell came from a VS Code notebook: its ``cellId`` is the cell document's URI."""
+    cell_id = metadata.get("cellId")
+    return isinstance(cell_id, str) and cell_id.startswith(_VSCODE_CELL_SCHEMES)
 
 
 def in_kernel(shell: Any = None) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from nbaccel.wire import events
-from nbaccel.rank import heavy_imports, stack_dump
+from nbaccel.rank import accelerate_world, cpu_threads, heavy_imports, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 
@@ -68,6 +68,8 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
         _forget_kernel_state()
         _pin_device(env)
+        cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")))
+        accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
         exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)

@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def test_there_are_examples() -> None:
-    assert [p.name for p in NOTEBOOKS][:4] == ["01_quickstart.ipynb", "02_ddp_training.ipynb", "03_execution_process.ipynb", "04_accelerate.ipynb"]
+    names = [p.name for p in NOTEBOOKS]
+    assert names[:4] == ["01_quickstart.ipynb", "02_ddp_training.ipynb", "03_execution_process.ipynb", "04_accelerate.ipynb"]
+    assert {"06_hf_trainer.ipynb", "07_fsdp2.ipynb"} <= set(names)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -28,7 +30,28 @@ def test_example_runs_without_errors(path: Path) -> None:
     client.execute()  # raises CellExecutionError on the first cell that errors (unless tagged raises-exception)
     text = _all_text(notebook)
     assert "[rank 0]" in text, "no rank output reached the notebook"
+    assert not _tagged_cells_that_did_not_raise(notebook), "a cell tagged raises-exception ran without an error"
     assert time.monotonic() - started < 60, "examples must stay quick on a 2-core CPU machine"
+
+
+def _tagged_cells_that_did_not_raise(notebook: nbformat.NotebookNode) -> list[str]:
+    """Sources of the cells tagged raises-exception whose outputs hold no error (nbclient lets them pass either way)."""
+    return [
+        cell.source
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        and "raises-exception" in cell.get("metadata", {}).get("tags", [])
+        and not any(output.output_type == "error" for output in cell.get("outputs", []))
+    ]
+
+
+def test_a_tagged_cell_that_does_not_raise_is_caught() -> None:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1", metadata={"tags": ["raises-exception"]})])
+    NotebookClient(notebook, timeout=30, kernel_name="python3").execute()
+    assert _tagged_cells_that_did_not_raise(notebook) == ["1 + 1"]
+    notebook.cells[0].source = "raise ValueError('expected')"
+    NotebookClient(notebook, timeout=30, kernel_name="python3").execute()
+    assert _tagged_cells_that_did_not_raise(notebook) == []
 
 
 def _all_text(notebook: nbformat.NotebookNode) -> str:
