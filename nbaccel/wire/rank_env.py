@@ -84,8 +84,22 @@ def rank_environment(
     if device_type == "cpu":
         env[ACCELERATE_USE_CPU] = "true"
     if visible_gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in visible_gpus)
+        env["CUDA_VISIBLE_DEVICES"] = _physical_devices(visible_gpus, inherited.get("CUDA_VISIBLE_DEVICES"))
     loopback = loopback_interface()
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         env[name] = inherited.get(name, loopback)
     return env
+
+
+def _physical_devices(chosen: Sequence[int], kernel_visible: str | None) -> str:
+    """The kernel's own CUDA_VISIBLE_DEVICES for ``chosen`` (indices as the kernel sees them).
+
+    A kernel limited to "2,3" sees those GPUs as 0 and 1: a rank given "0,1" would land on the
+    wrong physical devices.
+
+    Example:
+        >>> _physical_devices([1], "2,3"), _physical_devices([0, 1], None)
+        ('3', '0,1')
+    """
+    names = [name.strip() for name in kernel_visible.split(",")] if kernel_visible else None
+    return ",".join(names[g] if names and g < len(names) else str(g) for g in chosen)
