@@ -27,6 +27,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+if [[ -n "$venv" ]]; then venv=$(cd "$venv" && pwd); fi  # absolute: the build runs inside extension/
 python=${venv:+$venv/bin/python}
 python=${python:-python3}
 jlpm=$(command -v "${venv:+$venv/bin/}jlpm" || command -v jlpm || true)

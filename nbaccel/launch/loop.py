@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from nbaccel.launch import warm
 from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
 from nbaccel.launch.seam import RankGroup
-from nbaccel.output.sinks import Sink
+from nbaccel.launch.seam import Sink
 from nbaccel.wire import rich
 from nbaccel.wire.events import Event, Kind
 
@@ -49,9 +49,12 @@ class Policy:
     def on_timeout(self, loop: EventLoop) -> None:
         """The loop's deadline passed (``loop.running_at_timeout`` says where each rank was)."""
 
+    # On an interrupt the loop re-raises at once (the caller closes the group), unless the policy
+    # stops its ranks itself: then ``on_interrupt`` begins that and the loop runs on until done.
+    abandons_on_interrupt = True
+
     def on_interrupt(self, loop: EventLoop) -> None:
-        """The kernel was interrupted; raise to abandon the loop, else it runs on until done."""
-        raise KeyboardInterrupt
+        """The kernel was interrupted (only called when ``abandons_on_interrupt`` is False)."""
 
     def on_second_interrupt(self, loop: EventLoop) -> None:
         """Interrupted again while stopping: the loop returns after this."""
@@ -105,8 +108,10 @@ class EventLoop:
                 self._spin()
             except KeyboardInterrupt:
                 self.interrupted = True
-                self.policy.on_interrupt(self)
-                try:
+                if self.policy.abandons_on_interrupt:
+                    raise
+                try:  # a second interrupt may land anywhere from here on, collecting stacks too
+                    self.policy.on_interrupt(self)
                     self._spin()
                 except KeyboardInterrupt:
                     self.policy.on_second_interrupt(self)

@@ -21,7 +21,7 @@ from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
 from nbaccel.launch.seam import LaunchPlan, Launcher
-from nbaccel.output.sinks import Sink
+from nbaccel.launch.seam import Sink
 from nbaccel.rank.bootstrap import Job
 
 # (delay from the start of a stop, signal): how each kind of stop escalates.
@@ -82,6 +82,8 @@ def run_attempt(launcher: Launcher, job: Job, plan: LaunchPlan, attempt: int, si
 
 class OneShot(Policy):
     """Every rank runs the job once and exits; the first real failure stops the others."""
+
+    abandons_on_interrupt = False
 
     def done(self, loop: EventLoop) -> bool:
         return loop.ended.issuperset(loop.ranks)

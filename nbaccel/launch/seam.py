@@ -1,4 +1,6 @@
-"""The seams of the engine: how a group of ranks is started (``Launcher``), and what the loop needs of it.
+"""The seams of the engine: how a group of ranks is started (``Launcher``), what the loop needs of
+it (``RankGroup``), and where the loop sends what the ranks say (``Sink``, implemented in
+``nbaccel.output``).
 
 Every launch mode goes through them: a one-shot launch asks a ``Launcher`` for a group that runs
 one job and ends; persistent workers ask for a group that stays and takes commands. The one-node
@@ -18,15 +20,16 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from nbaccel.rank.bootstrap import ChildEnds, Job
 from nbaccel.wire.events import Kind
 
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop
+    from nbaccel.launch.outcome import RankOutcome
     from nbaccel.launch.stacks import RankStack
 
 
@@ -44,6 +47,41 @@ class LaunchPlan:
     timeout: float | None = None  # seconds from the call
     deadline: float | None = None  # time.monotonic() when ``timeout`` runs out
     stall_report: float | None = None  # seconds without output before each rank's stack is shown
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """The interface every output destination implements (text, widgets, log files)."""
+
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        """A (re)launch of ``num_processes`` ranks begins; ``attempt`` counts from 0.
+
+        ``ranks`` lists the ranks taking part, when not all of them (default: every rank in
+        ``range(num_processes)``): a cell on persistent workers run with ``--ranks 1,3``
+        announces ``launch_started(4, 0, ranks=[1, 3])``, and only those ranks will finish.
+        """
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        """Whole lines (no trailing newline) that ``rank`` wrote to ``stream`` ("stdout"/"stderr")."""
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        """Rich output from ``rank``: display data, progress bars (see nbaccel.wire.events)."""
+
+    def rank_finished(self, outcome: RankOutcome) -> None:
+        """``outcome.rank`` has ended (succeeded, failed, stopped ...)."""
+
+    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        """Every rank has ended (or the launch was given up); flush whatever is buffered.
+
+        Called once after every ``launch_started``, however the launch ended (interrupts,
+        timeouts, errors included): the only call that a sink can count on to end its view.
+        """
+
+    def tick_in(self) -> float | None:
+        """Seconds until the sink wants ``tick()`` called (0: now); None if it wants none."""
+
+    def tick(self) -> None:
+        """Do what is due now (push held lines, update a clock); cheap when nothing is."""
 
 
 class RankGroup(Protocol):

@@ -20,44 +20,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from nbaccel.launch.outcome import RankOutcome
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """The interface every output destination implements (text, widgets, log files)."""
-
-    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
-        """A (re)launch of ``num_processes`` ranks begins; ``attempt`` counts from 0.
-
-        ``ranks`` lists the ranks taking part, when not all of them (default: every rank in
-        ``range(num_processes)``): a cell on persistent workers run with ``--ranks 1,3``
-        announces ``launch_started(4, 0, ranks=[1, 3])``, and only those ranks will finish.
-        """
-
-    def output(self, rank: int, stream: str, lines: list[str]) -> None:
-        """Whole lines (no trailing newline) that ``rank`` wrote to ``stream`` ("stdout"/"stderr")."""
-
-    def event(self, rank: int, event: dict[str, Any]) -> None:
-        """Rich output from ``rank``: display data, progress bars (see nbaccel.wire.events)."""
-
-    def rank_finished(self, outcome: RankOutcome) -> None:
-        """``outcome.rank`` has ended (succeeded, failed, stopped ...)."""
-
-    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
-        """Every rank has ended (or the launch was given up); flush whatever is buffered.
-
-        Called once after every ``launch_started``, however the launch ended (interrupts,
-        timeouts, errors included): the only call that a sink can count on to end its view.
-        """
-
-    def tick_in(self) -> float | None:
-        """Seconds until the sink wants ``tick()`` called (0: now); None if it wants none."""
-
-    def tick(self) -> None:
-        """Do what is due now (push held lines, update a clock); cheap when nothing is."""
+from nbaccel.launch.seam import Sink  # the protocol the engine calls; every class here implements it
 
 
 class TextSink:

@@ -27,7 +27,7 @@ from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import LaunchPlan, Launcher, RankGroup
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
-from nbaccel.output.sinks import Sink
+from nbaccel.launch.seam import Sink
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task

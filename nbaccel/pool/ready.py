@@ -15,7 +15,7 @@ from nbaccel.errors import LaunchTimeoutError, RankFailedError
 from nbaccel.launch.loop import EventLoop, Policy
 from nbaccel.launch.outcome import RankOutcome, root_cause
 from nbaccel.launch.seam import RankGroup
-from nbaccel.output.sinks import Sink
+from nbaccel.launch.seam import Sink
 
 
 class Ready(Policy):

@@ -31,6 +31,8 @@ _WHY = {
 class Task(Policy):
     """Collects one task's answer from each rank taking part; knows when the pool broke."""
 
+    abandons_on_interrupt = False
+
     def __init__(self, grace: float | None = None) -> None:
         self.grace = INTERRUPT_GRACE if grace is None else grace
         self.exited: list[RankOutcome] = []  # ranks whose process ended: the pool is broken

@@ -4,7 +4,6 @@ valid against its JSON schema, stored by nbformat as JSON, and saying each rank'
 from __future__ import annotations
 
 import json
-import time
 from importlib import resources
 
 import jsonschema
@@ -140,7 +139,7 @@ def test_the_static_view_carries_the_bundle_beside_its_html_and_text(comms: Comm
 
 
 def test_the_widget_sink_saves_each_ranks_elapsed_time(comms: CommLog) -> None:
-    from nbaccel.output.widgets.sink import WidgetSink
+    from nbaccel.output.widgets.sink import LiveViewSink
 
     published: list[dict] = []
 
@@ -151,9 +150,10 @@ def test_the_widget_sink_saves_each_ranks_elapsed_time(comms: CommLog) -> None:
         def update(self, data: dict, display_id: str) -> None:
             published.append(data)
 
-    sink = WidgetSink(publisher=Publisher(), ticker=False, log_root=False)
+    now = [100.0]
+    sink = LiveViewSink(publisher=Publisher(), clock=lambda: now[0])
     sink.launch_started(2, 0)
-    time.sleep(0.05)
+    now[0] += 0.05
     outcomes = [RankOutcome(rank=r, status=Status.SUCCEEDED, exitcode=0) for r in (0, 1)]
     for outcome in outcomes:
         sink.rank_finished(outcome)
