@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # errors.py is imported by every layer: it imports none of them at run time
     from nbaccel.launch.outcome import RankOutcome
@@ -78,19 +78,20 @@ class RankFailedError(NbaccelError):
         lines = self.report().splitlines()
         return [f"RankFailedError: {lines[0]}", *lines[1:]]
 
-    def __reduce__(self):  # picklable across processes (e.g. a pool relaying it)
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:  # picklable across processes (e.g. a pool relaying it)
         return (_rebuild_rank_failed, (self.__dict__,))
 
 
-def _rebuild_rank_failed(state: dict) -> RankFailedError:
+def _rebuild_rank_failed(state: dict[str, Any]) -> RankFailedError:
     error = RankFailedError.__new__(RankFailedError)
     error.__dict__.update(state)
     error.args = (RankFailedError._headline(_outcome_of(state)),)
     return error
 
 
-def _outcome_of(state: dict) -> RankOutcome:
-    return next(o for o in state["outcomes"] if o.rank == state["rank"])
+def _outcome_of(state: dict[str, Any]) -> RankOutcome:
+    outcomes: list[RankOutcome] = state["outcomes"]
+    return next(o for o in outcomes if o.rank == state["rank"])
 
 
 class LaunchTimeoutError(NbaccelError, TimeoutError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from nbaccel.errors import PreflightError
 
@@ -68,7 +69,7 @@ def check_gpus(gpus: Sequence[int], visible: int) -> tuple[int, ...]:
     return chosen
 
 
-def _import_torch():  # type: ignore[no-untyped-def]
+def _import_torch() -> Any:
     import torch
 
     return torch

@@ -83,6 +83,7 @@ def _open_pidfd(pid: int) -> int | None:
     if opener is None:
         return None
     try:
-        return opener(pid)
+        fd: int = opener(pid)
+        return fd
     except OSError:  # kernels before 5.3, or seccomp profiles that forbid it
         return None

@@ -50,7 +50,7 @@ class LoopbackRendezvous:
 
     def start_store(self, world_size: int, timeout: float = 300.0) -> None:
         """Serve the store on the reserved socket. Ranks that connected earlier wait in its backlog."""
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # exported at run time only
 
         if self._socket is None:
             raise EngineStateError("the rendezvous store was started twice, or after the rendezvous closed")

@@ -291,7 +291,8 @@ def _pickle_by_value(value: Any) -> bytes:
     so it must travel by value (plain pickle would name ``__main__.f``, unknown on the rank)."""
     import cloudpickle
 
-    return cloudpickle.dumps(value)
+    payload: bytes = cloudpickle.dumps(value)
+    return payload
 
 
 def _resident_mb(pid: int) -> float:

@@ -72,7 +72,8 @@ class _HookedLoader(importlib.abc.Loader):
         self._name = name
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         # Loaders keep state on the module spec (e.g. SourceFileLoader reads spec.loader back

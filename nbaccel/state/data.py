@@ -86,7 +86,7 @@ class _ShardBatchSampler(Sampler[list[int]]):
         return full_steps + (1 if tail and not self.drop_last else 0)
 
 
-class DataLoaderShard(DataLoader):
+class DataLoaderShard(DataLoader[Any]):
     """A DataLoader over this process's shard, which keeps ``GradientState`` up to date.
 
     Made by `prepare_data_loader`. While it is iterated it is ``GradientState().active_dataloader``;
@@ -94,7 +94,7 @@ class DataLoaderShard(DataLoader):
     of duplicate samples padding added to the last step (0 when none).
     """
 
-    def __init__(self, source: DataLoader, num_processes: int, index: int, put_on_device: bool) -> None:
+    def __init__(self, source: DataLoader[Any], num_processes: int, index: int, put_on_device: bool) -> None:
         batching: BatchSampler = source.batch_sampler  # type: ignore[assignment]  # checked by _check_shardable
         self._source_sampler = batching.sampler
         length = len(batching.sampler)  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ class DataLoaderShard(DataLoader):
 _END = object()
 
 
-def prepare_data_loader(dataloader: DataLoader, *, put_on_device: bool = False) -> DataLoaderShard:
+def prepare_data_loader(dataloader: DataLoader[Any], *, put_on_device: bool = False) -> DataLoaderShard:
     """Shard a DataLoader across the processes; each gets its own ``batch_size`` per step.
 
     All processes together see every sample once per epoch (plus up to ``num_processes - 1``

@@ -74,7 +74,8 @@ def split_for_process(inputs: T, num_processes: int, index: int, apply_padding: 
     if not isinstance(apply_padding, bool):
         raise TypeError(f"apply_padding must be True or False, got {apply_padding!r}")
     _check_topology(num_processes, index)
-    return _split(inputs, num_processes, index, apply_padding, where="inputs")
+    part: T = _split(inputs, num_processes, index, apply_padding, where="inputs")
+    return part
 
 
 def _split(inputs: Any, num_processes: int, index: int, pad: bool, where: str) -> Any:

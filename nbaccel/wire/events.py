@@ -87,7 +87,8 @@ def dumps(value: Any) -> bytes:
         import cloudpickle  # only when plain pickle cannot: it is slower and imports more
 
         if not on_gpu:
-            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            payload: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            return payload
         return _dump_with(_cpu_pickler(cloudpickle.Pickler), value)
 
 
@@ -105,10 +106,10 @@ def _dump_with(pickler_class: type, value: Any) -> bytes:
 def _cpu_pickler(base: type) -> type:
     import torch
 
-    class CpuPickler(base):  # type: ignore[misc, valid-type]
+    class CpuPickler(base):  # type: ignore[misc]
         def reducer_override(self, obj: Any) -> Any:
             if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # type: ignore[no-untyped-call]
             parent = getattr(super(), "reducer_override", None)
             return parent(obj) if parent is not None else NotImplemented
 

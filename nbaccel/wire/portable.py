@@ -48,7 +48,7 @@ class Sourced:
         if isinstance(self.function, types.FunctionType):
             self.function.__code__ = _renamed(self.function.__code__, self.filename)
         if self.source is not None and self.filename not in linecache.cache:
-            linecache.cache[self.filename] = self.source  # type: ignore[assignment]
+            linecache.cache[self.filename] = self.source
 
     def __repr__(self) -> str:
         return f"Sourced({self.function!r})"
