@@ -74,6 +74,8 @@ def summarise(rank: int, dump: str) -> str:
         return f"rank {rank}: at {at} (in {frame.group('function')})"
     if frames:
         innermost = frames[0]
+        if _ENGINE_FRAME.search(innermost.group(0)):  # between the user's code and its answer
+            return f"rank {rank}: in nbaccel, finishing its part (reporting, or leaving its process group)"
         return f"rank {rank}: in `{innermost.group('function')}` ({innermost.group('file')}, line {innermost.group('line')})"
     return f"rank {rank}: no Python stack (it may be exiting, or not yet started)"
 
@@ -136,8 +138,11 @@ class StackFiles:
     def path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.txt")
 
-    def collect(self, pids: dict[int, int], timeout: float = 2.0) -> dict[int, RankStack]:
-        """Signal each rank in ``pids`` (rank -> pid, ranks still running) and read what they dump."""
+    def collect(self, pids: dict[int, int], timeout: float = 1.0) -> dict[int, RankStack]:
+        """Signal each rank in ``pids`` (rank -> pid, ranks still running) and read what they dump.
+
+        A rank that ends meanwhile (it may have been exiting already) is not waited for.
+        """
         for rank, pid in pids.items():
             with open(self.path(rank), "w"):
                 pass  # truncate: the rank appends its next dump from the start
@@ -146,16 +151,20 @@ class StackFiles:
             except ProcessLookupError:
                 pass
         texts = self._read_settled(pids, time.monotonic() + timeout)
+        texts = {rank: text for rank, text in texts.items() if text or _alive(pids[rank])}
         return {rank: _answer(rank, text) for rank, text in texts.items()}
 
-    def _read_settled(self, ranks: Iterable[int], deadline: float) -> dict[int, str]:
+    def _read_settled(self, pids: dict[int, int], deadline: float) -> dict[int, str]:
         """Each rank's dump once it looks whole and the file stopped growing (faulthandler writes
         no end marker, and a rank on a busy machine may pause in the middle of its dump)."""
-        pending, done = set(ranks), {}
+        pending, done = set(pids), {}
         sizes: dict[int, tuple[int, float]] = {}
         while pending and time.monotonic() < deadline:
             now = time.monotonic()
             for rank in sorted(pending):
+                if not _alive(pids[rank]):
+                    pending.discard(rank)
+                    continue
                 size = _size(self.path(rank))
                 last = sizes.get(rank)
                 if not last or last[0] != size:
@@ -181,6 +190,14 @@ def _is_whole(text: str, path: str) -> bool:
 
 def _answer(rank: int, text: str) -> RankStack:
     return RankStack(rank, with_cell_names(without_launch_frames(text)), summarise(rank, text))
+
+
+def _alive(pid: int) -> bool:
+    """True unless ``pid`` (a child of this process) has ended; it is left for its owner to reap."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
 
 
 def _size(path: str) -> int:
