@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kernel_harness import Execution, Kernel, running_kernel
 from nbaccel.testing import nbaccel_frames
+from tests.kernel_harness import Execution, Kernel, running_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
-        assert k.execute("%load_ext nbaccel").status == "ok"
-        yield k
+def kernel_setup() -> str:
+    return "%load_ext nbaccel"
 
 
 def _no_ranks_left(kernel: Kernel) -> None:

@@ -11,16 +11,15 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.kernel_harness import Execution, Kernel, running_kernel
+from nbaccel.testing import scaled
+from tests.kernel_harness import Execution, Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
-        assert k.execute("%load_ext nbaccel\nimport torch").status == "ok"
-        yield k
+def kernel_setup() -> str:
+    return "%load_ext nbaccel\nimport torch"
 
 
 @pytest.fixture
@@ -117,9 +116,9 @@ def test_restart_gives_fresh_workers_with_empty_namespaces(workers: Kernel) -> N
 def test_an_interrupt_stops_the_cell_and_keeps_the_workers_and_their_namespaces(workers: Kernel) -> None:
     ok(workers, "%%distributed\nkept = state.process_index + 40")
     pids = worker_pids(workers)
-    run = workers.execute("%%distributed\nimport time\ntime.sleep(30)", interrupt_after=1.0, timeout=20)
+    run = workers.execute("%%distributed\nimport time\nprint('sleeping', flush=True)\ntime.sleep(30)", interrupt_on=lambda out: out.count("sleeping") == 2, timeout=20)
     assert run.status == "error" and run.error["ename"] == "KeyboardInterrupt"
-    assert run.elapsed < 5
+    assert run.elapsed < scaled(5)
     assert worker_pids(workers) == pids
     assert result(ok(workers, "%%distributed\nkept")) == "40"
 
