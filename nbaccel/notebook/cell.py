@@ -32,8 +32,8 @@ Example:
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import builtins
 import dis
@@ -247,8 +247,8 @@ class PoolCell:
         self.source, self.header, self.filename, self.flags = source, header, filename, flags
 
     def __call__(self, namespace: dict[str, Any]) -> Any:
-        exec(self._body, namespace)  # noqa: S102 - the user's own cell, in the user's own worker
-        return None if self._last is None else eval(self._last, namespace)  # noqa: S307
+        exec(self._body, namespace)
+        return None if self._last is None else eval(self._last, namespace)
 
     def __repr__(self) -> str:
         return f"<nbaccel pool cell {self.filename}>"

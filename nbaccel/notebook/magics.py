@@ -29,10 +29,11 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from nbaccel.errors import NbaccelError, PreflightError
+from nbaccel.launch.options import MIXED_PRECISIONS
+from nbaccel.launcher import notebook_launcher
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
-from nbaccel.launch.options import MIXED_PRECISIONS
-from nbaccel.errors import NbaccelError
 from nbaccel.notebook.options import (
     check_for_workers,
     check_one_shot,
@@ -45,13 +46,16 @@ from nbaccel.notebook.options import (
     seconds,
     variable_name,
 )
-from nbaccel.notebook.session import NotebookWorkers
+from nbaccel.notebook.session import NotebookWorkers, StartPool
 from nbaccel.launch.options import START_METHODS
+from nbaccel.pool import start_workers
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 MAGIC_NAME = "distributed"
+
+Launch = Callable[..., list[Any]]  # notebook_launcher's shape: (function, **options) -> every rank's value
 
 __all__ = ["CellSyntaxError", "DistributedMagics", "launcher_arguments", "register", "unregister"]
 
@@ -67,9 +71,15 @@ class DistributedMagics(Magics):
 
     shell: InteractiveShell  # never None here: IPython's register_magics passes its shell
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+    def __init__(self, shell: Any = None, *, launch: Launch = notebook_launcher, start_pool: StartPool = start_workers, **kwargs: Any) -> None:
+        """``launch`` runs a one-shot cell, ``start_pool`` starts workers: nbaccel's own by default.
+
+        Tests (and tools built on the magics) pass their own, e.g.
+        ``register(shell, launch=recording_launcher)``.
+        """
         super().__init__(shell, **kwargs)
-        self.workers = NotebookWorkers(lambda: self.shell.user_ns)
+        self.launch = launch
+        self.workers = NotebookWorkers(lambda: self.shell.user_ns, start_pool)
 
     @line_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub: unbound TypeVar, read as Never
     def distributed_line(self, line: str) -> None:
@@ -184,11 +194,8 @@ class DistributedMagics(Magics):
 
     def _launch(self, function: Any, kwargs: dict[str, Any]) -> list[Any]:
         __tracebackhide__ = True
-        from nbaccel import launcher
-        from nbaccel.errors import PreflightError
-
         try:
-            return launcher.notebook_launcher(function, **kwargs)
+            return self.launch(function, **kwargs)
         except (ValueError, PreflightError) as error:
             # Raised before any rank starts: a wrong option value or a kernel that cannot fork.
             raise UsageError(f"%%{MAGIC_NAME}: {error}") from None
@@ -214,9 +221,23 @@ class CellSyntaxError(NbaccelError):
         return list(self._shell.SyntaxTB.structured_traceback(SyntaxError, self.syntax_error, []))
 
 
-def register(ipython: Any) -> None:
-    """Add ``%%distributed`` and ``%distributed`` to ``ipython`` (what ``%load_ext nbaccel`` calls)."""
-    ipython.register_magics(DistributedMagics)
+def register(ipython: Any, *, launch: Launch = notebook_launcher, start_pool: StartPool = start_workers) -> DistributedMagics:
+    """Add ``%%distributed`` and ``%distributed`` to ``ipython`` (what ``%load_ext nbaccel`` calls).
+
+    ``launch`` and ``start_pool`` are what the magics run cells and start workers with (see
+    `DistributedMagics`). Magics registered before are replaced, their workers stopped.
+
+    Example:
+        >>> calls = []
+        >>> def recording_launcher(function, **options):
+        ...     calls.append(options)
+        ...     return [function()]
+        >>> magics = register(get_ipython(), launch=recording_launcher)  # doctest: +SKIP
+    """
+    unregister(ipython)
+    magics = DistributedMagics(ipython, launch=launch, start_pool=start_pool)
+    ipython.register_magics(magics)
+    return magics
 
 
 def unregister(ipython: Any) -> None:

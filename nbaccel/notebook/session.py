@@ -7,7 +7,7 @@ left as it is.
 
 Example (in a notebook)::
 
-    %distributed start -n 2      # workers = NotebookWorkers(user_ns); workers.start(args)
+    %distributed start -n 2      # workers = NotebookWorkers(user_ns, start_workers); workers.start(args)
     %distributed push data
     %distributed status
     %distributed stop
@@ -30,11 +30,18 @@ _START_OPTIONS = ("num_processes", "gpus", "mixed_precision", "start_method")
 NO_WORKERS = "no workers running: start them with %distributed start [-n N]"
 
 
-class NotebookWorkers:
-    """At most one running pool for the notebook whose variables ``namespace()`` returns."""
+StartPool = Callable[..., "WorkerPool"]  # start_workers' shape: (num_processes=, cpu=, namespace=, ...) -> a pool
 
-    def __init__(self, namespace: Callable[[], dict[str, Any]]) -> None:
+
+class NotebookWorkers:
+    """At most one running pool for the notebook whose variables ``namespace()`` returns.
+
+    ``start_pool`` starts it (``nbaccel.start_workers``, or a stand-in a test passes).
+    """
+
+    def __init__(self, namespace: Callable[[], dict[str, Any]], start_pool: StartPool) -> None:
         self._namespace = namespace
+        self._start_pool = start_pool
         self.pool: WorkerPool | None = None  # kept after a crash, so `restart` knows the options
         self.mode: str | None = None  # how the last %%distributed cell ran: "workers" or "one-shot"
 
@@ -70,13 +77,12 @@ class NotebookWorkers:
                 f"{running.num_processes} workers are already running: %distributed stop first "
                 "(or %distributed restart for fresh ones with the same options)."
             )
-        from nbaccel import start_workers
         from nbaccel.errors import PreflightError
 
         options = {name: getattr(args, name) for name in _START_OPTIONS if getattr(args, name) is not None}
         started = time.monotonic()
         try:
-            self.pool = start_workers(cpu=args.cpu, namespace=self.user_ns, **options)
+            self.pool = self._start_pool(cpu=args.cpu, namespace=self.user_ns, **options)
         except (ValueError, TypeError, PreflightError) as error:  # refused before any rank started
             raise UsageError(f"%distributed start: {error}") from None
         self._say_ready(time.monotonic() - started)

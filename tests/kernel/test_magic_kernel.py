@@ -83,13 +83,15 @@ def test_a_failing_rank_makes_the_cell_fail_naming_the_rank_and_the_cells_line(k
 
 def test_a_syntax_error_fails_the_cell_at_once_without_starting_a_rank(kernel: Kernel) -> None:
     spy = kernel.execute(
-        "import nbaccel.launcher as _launcher\n"
+        "from nbaccel.notebook.magics import register as _register\n"
+        "import nbaccel\n"
         "_calls = []\n"
-        "_real = _launcher.notebook_launcher\n"
-        "_launcher.notebook_launcher = lambda *a, **k: _calls.append(1) or _real(*a, **k)"
+        "_register(get_ipython(), launch=lambda *a, **k: _calls.append(1) or nbaccel.notebook_launcher(*a, **k))"
     )
-    assert spy.status == "ok"
+    assert spy.status == "ok", spy.error
     try:
+        assert kernel.execute("%%distributed -n 2\n1").status == "ok"
+        assert kernel.execute("print(len(_calls))").stdout == "1\n"  # the spy sees launches
         run = kernel.execute("%%distributed -n 2\nprint('never')\nx = (\n")
         assert run.status == "error"
         assert run.error["ename"] == "CellSyntaxError"
@@ -97,9 +99,9 @@ def test_a_syntax_error_fails_the_cell_at_once_without_starting_a_rank(kernel: K
         assert "SyntaxError" in text and "x = (" in text and "line 3" in text
         assert nbaccel_frames(text) == []
         assert run.stdout == ""
-        assert kernel.execute("print(len(_calls))").stdout == "0\n"
+        assert kernel.execute("print(len(_calls))").stdout == "1\n"
     finally:
-        kernel.execute("_launcher.notebook_launcher = _real")
+        kernel.execute("_register(get_ipython())")
 
 
 def test_a_wrong_option_is_a_one_line_usage_error(kernel: Kernel) -> None:

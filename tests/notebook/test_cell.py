@@ -1,8 +1,8 @@
 """nbaccel.notebook.cell: a cell's source becomes a function (no IPython, no processes except one spawn check)."""
 
 from __future__ import annotations
-
 import __future__
+
 import linecache
 import pickle
 import subprocess
@@ -14,7 +14,7 @@ import pytest
 
 import nbaccel
 from nbaccel.notebook.cell import FUNCTION_NAME, Cell, LazyState, compile_cell
-from nbaccel.testing import nbaccel_frames
+from nbaccel.testing import nbaccel_frames, scaled
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -196,7 +196,7 @@ def test_a_cell_runs_in_a_fresh_interpreter_and_its_traceback_shows_its_lines() 
         "cell = pickle.loads(sys.stdin.buffer.read())\n"
         "try:\n    cell()\nexcept RuntimeError:\n    traceback.print_exc()\n"
     )
-    done = subprocess.run([sys.executable, "-c", child], input=cloudpickle.dumps(cell), capture_output=True, timeout=20)
+    done = subprocess.run([sys.executable, "-c", child], input=cloudpickle.dumps(cell), capture_output=True, timeout=scaled(20))
     err = done.stderr.decode()
     assert f'"{cell.filename}", line 4, in {FUNCTION_NAME}' in err
     assert "raise RuntimeError(values)" in err

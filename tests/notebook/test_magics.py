@@ -6,12 +6,11 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbaccel.notebook.cell import Cell, LazyState
 from nbaccel.errors import PreflightError, RankFailedError
+from nbaccel.notebook.cell import Cell, LazyState
 from nbaccel.notebook.magics import CellSyntaxError, DistributedMagics
-
-from .conftest import Launches
 from nbaccel.testing import nbaccel_frames
+from tests.notebook.stand_ins import Launches
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -208,13 +207,13 @@ def test_unload_removes_the_magic_and_load_brings_it_back(ip: InteractiveShell) 
     assert ip.find_cell_magic("distributed") is not None
 
 
-def test_lazy_magics_config_loads_nbaccel_on_first_use(ip: InteractiveShell, launches: Launches) -> None:
+def test_lazy_magics_config_loads_nbaccel_on_first_use(ip: InteractiveShell) -> None:
     ip.run_line_magic("unload_ext", "nbaccel")
     manager = ip.magics_manager
     saved = dict(manager.lazy_magics)
     manager.lazy_magics = {"distributed": "nbaccel"}
     try:
-        assert ip.run_cell("%%distributed\n6 * 7").result == 42
+        assert ip.run_cell("%%distributed -n 2 --text\n6 * 7").result == 42  # real ranks: a fresh load has nbaccel's launcher
         assert "nbaccel" in ip.extension_manager.loaded
     finally:
         manager.lazy_magics = saved

@@ -1,8 +1,8 @@
 """nbaccel.notebook.cell.compile_pool_cell and nbaccel.notebook.pool_cells: a cell for persistent workers, in-process."""
 
 from __future__ import annotations
-
 import __future__
+
 import linecache
 import pickle
 import subprocess
@@ -16,6 +16,7 @@ import torch
 
 from nbaccel.notebook.cell import LazyState, PoolCell, compile_pool_cell
 from nbaccel.notebook.pool_cells import CellTask, RankRepr, portable
+from nbaccel.testing import scaled
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -91,7 +92,7 @@ def test_it_pickles_by_source_and_keeps_its_file_name_and_lines() -> None:
 def test_an_unpickled_cell_shows_its_lines_in_a_fresh_interpreter() -> None:
     payload = cloudpickle.dumps(compile_pool_cell("z = 3\nraise KeyError('fresh')", header="%%distributed"))
     script = "import pickle, sys, traceback\ncell = pickle.loads(sys.stdin.buffer.read())\ntry:\n    cell({})\nexcept KeyError:\n    traceback.print_exc()"
-    done = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, timeout=20)
+    done = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, timeout=scaled(20))
     assert ", line 3, in <module>" in done.stderr.decode() and "raise KeyError('fresh')" in done.stderr.decode()
 
 
