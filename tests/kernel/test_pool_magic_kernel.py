@@ -169,3 +169,8 @@ def test_without_workers_a_cell_is_a_one_shot_launch_and_ranks_is_refused(kernel
     refused = kernel.execute("%%distributed --ranks 0\n1")
     assert usage_error(refused).startswith("--ranks 0 needs running workers, and none are running")
     assert usage_error(kernel.execute("%distributed push x")).startswith("no workers running")
+
+
+def test_state_on_the_workers_is_nbaccels_partial_state(workers: Kernel) -> None:
+    ok(workers, "%%distributed -o kinds\nimport nbaccel\n(isinstance(state, nbaccel.PartialState), state.process_index)")
+    assert ok(workers, "print(kinds)").stdout == "[(True, 0), (True, 1)]\n"

@@ -78,9 +78,9 @@ class FakePool:
 
     @staticmethod
     def _fresh_namespace() -> dict[str, Any]:
-        from nbaccel.notebook.cell import LazyState
+        from nbaccel.notebook.cell import predefined_state
 
-        return {"state": LazyState()}
+        return {"state": predefined_state()}
 
     def run_task(self, task: Any, ranks: Any = None, timeout: Any = None, output: Any = None, label: str = "", remember: bool = True) -> Any:
         self.calls.append({"ranks": ranks, "timeout": timeout, "output": output, "label": label})

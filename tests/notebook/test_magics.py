@@ -6,8 +6,9 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
+import nbaccel
 from nbaccel.errors import PreflightError, RankFailedError
-from nbaccel.notebook.cell import Cell, LazyState
+from nbaccel.notebook.cell import Cell
 from nbaccel.notebook.magics import CellSyntaxError, DistributedMagics
 from nbaccel.testing import nbaccel_frames
 from tests.notebook.stand_ins import Launches
@@ -138,7 +139,7 @@ def test_a_trailing_semicolon_hides_the_result(ip: InteractiveShell, launches: L
 def test_the_cell_sees_the_notebooks_globals_and_state(ip: InteractiveShell, launches: Launches) -> None:
     ip.run_cell("def double(v):\n    return 2 * v\nbase = 20", store_history=True)
     assert ip.run_cell("%%distributed\ndouble(base) + 2").result == 42
-    assert isinstance(ip.run_cell("%%distributed\nstate").result, LazyState)
+    assert isinstance(ip.run_cell("%%distributed\nstate").result, nbaccel.PartialState)
 
 
 def test_ipython_syntax_in_the_cell_works_as_in_any_cell(ip: InteractiveShell, launches: Launches) -> None:

@@ -14,7 +14,8 @@ import cloudpickle
 import pytest
 import torch
 
-from nbaccel.notebook.cell import LazyState, PoolCell, compile_pool_cell
+import nbaccel
+from nbaccel.notebook.cell import PoolCell, compile_pool_cell, predefined_state
 from nbaccel.notebook.pool_cells import CellTask, RankRepr, portable
 from nbaccel.testing import scaled
 
@@ -25,11 +26,11 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_names_the_cell_assigns_persist_in_the_namespace_for_the_next_cell() -> None:
-    namespace: dict = {"state": LazyState()}
+    namespace: dict = {"state": predefined_state()}
     assert compile_pool_cell("import math\nw = 20\ndef f(v):\n    return v + w\nclass K:\n    pass")(namespace) is None
     assert set(namespace) >= {"math", "w", "f", "K"}
     assert compile_pool_cell("w += 1\nf(21)")(namespace) == 42
-    assert isinstance(namespace["state"], LazyState)
+    assert isinstance(namespace["state"], nbaccel.PartialState)
 
 
 @pytest.mark.parametrize(
