@@ -41,7 +41,6 @@ import functools
 import hashlib
 import io
 import linecache
-import sys
 import tokenize
 import types
 from collections.abc import Callable

@@ -30,24 +30,19 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from nbaccel.errors import NbaccelError, PreflightError
-from nbaccel.launch.options import MIXED_PRECISIONS
 from nbaccel.launcher import notebook_launcher
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
 from nbaccel.notebook.options import (
+    CELL_OPTIONS,
+    LAUNCH_OPTIONS,
     check_for_workers,
     check_one_shot,
-    gpu_list,
     launcher_arguments,
-    non_negative_int,
+    options_decorator,
     output_mode,
-    positive_int,
-    rank_list,
-    seconds,
-    variable_name,
 )
 from nbaccel.notebook.session import NotebookWorkers, StartPool
-from nbaccel.launch.options import START_METHODS
 from nbaccel.pool import start_workers
 
 if TYPE_CHECKING:
@@ -89,17 +84,7 @@ class DistributedMagics(Magics):
     distributed_line.__doc__ = worker_commands.help_text()  # type: ignore[assignment]  # what %distributed? shows (Never: see above)
 
     @magic_arguments.magic_arguments(name=MAGIC_NAME)
-    @magic_arguments.argument("-n", "--num-processes", type=positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
-    @magic_arguments.argument("--gpus", type=gpu_list, metavar="0,2,3", help="CUDA devices to use, one rank each (default: the first N)")
-    @magic_arguments.argument("--cpu", action="store_true", help="run CPU ranks on gloo even where GPUs are visible")
-    @magic_arguments.argument("--mixed-precision", choices=MIXED_PRECISIONS, help="exported to nbaccel's state and Accelerate (default: no)")
-    @magic_arguments.argument("--start-method", choices=START_METHODS, help="fork the kernel, or spawn fresh interpreters (default: auto, fork when safe)")
-    @magic_arguments.argument("--timeout", type=seconds, metavar="SECONDS", help="stop the cell after this many seconds (running workers stay)")
-    @magic_arguments.argument("--max-restarts", type=non_negative_int, metavar="K", help="relaunch every rank after a failure, up to K times (default: 0)")
-    @magic_arguments.argument("--ranks", type=rank_list, metavar="0,2", help="with running workers: run the cell on these ranks only; its result is the lowest one's value")
-    @magic_arguments.argument("-o", "--out", type=variable_name, metavar="NAME", help="store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)")
-    @magic_arguments.argument("--text", action="store_true", help="show output as text lines labelled [rank N]")
-    @magic_arguments.argument("--widgets", action="store_true", help="show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)")
+    @options_decorator((*LAUNCH_OPTIONS, *CELL_OPTIONS))
     @cell_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub, as line_magic above
     def distributed_cell(self, line: str, cell: str) -> Any:
         """Run this cell on every rank; show rank 0's value.

@@ -1,6 +1,9 @@
-"""Option values of the ``%%distributed`` / ``%distributed`` magics, and what each mode accepts.
+"""The options of the ``%%distributed`` / ``%distributed`` magics, each declared once, and their checks.
 
-The argparse types turn a wrong value into one line naming it (IPython's parser raises it as a
+`LAUNCH_OPTIONS` (how ranks start: -n, --gpus, --cpu, --mixed-precision, --start-method) are
+taken by a one-shot ``%%distributed`` cell and by ``%distributed start``; `CELL_OPTIONS` by the
+cell only. `add_options` puts them on a parser, `options_decorator` on a magic. The argparse
+types turn a wrong value into one line naming it (IPython's parser raises it as a
 ``UsageError``); the checks below refuse options that mean nothing in the mode that runs: a
 one-shot launch (no workers running) or the running workers.
 
@@ -17,19 +20,16 @@ from __future__ import annotations
 
 import argparse
 import keyword
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 
-# Options the workers fixed when they started (dest -> how the user spelled it).
-ONE_SHOT_OPTIONS = {
-    "num_processes": "-n",
-    "gpus": "--gpus",
-    "cpu": "--cpu",
-    "mixed_precision": "--mixed-precision",
-    "start_method": "--start-method",
-    "max_restarts": "--max-restarts",
-}
+from nbaccel.launch.options import MIXED_PRECISIONS, START_METHODS
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def positive_int(text: str) -> int:
@@ -81,6 +81,76 @@ def variable_name(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class Option:
+    """One magic option: its spellings and what argparse needs to parse it.
+
+    ``one_shot``: it means something only to a one-shot launch (with workers running, the
+    workers fixed it when they started, so a cell on them refuses it).
+    """
+
+    flags: tuple[str, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+    one_shot: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flags[-1].lstrip("-").replace("-", "_")
+
+    @property
+    def spelled(self) -> str:
+        return self.flags[0]
+
+
+LAUNCH_OPTIONS: tuple[Option, ...] = (
+    Option(("-n", "--num-processes"), {"type": positive_int, "metavar": "N", "help": "ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)"}, one_shot=True),
+    Option(("--gpus",), {"type": gpu_list, "metavar": "0,2,3", "help": "CUDA devices to use, one rank each (default: the first N)"}, one_shot=True),
+    Option(("--cpu",), {"action": "store_true", "help": "run CPU ranks on gloo even where GPUs are visible"}, one_shot=True),
+    Option(("--mixed-precision",), {"choices": MIXED_PRECISIONS, "help": "exported to nbaccel's state and Accelerate (default: no)"}, one_shot=True),
+    Option(
+        ("--start-method",),
+        {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe"},
+        one_shot=True,
+    ),
+)
+
+CELL_OPTIONS: tuple[Option, ...] = (
+    Option(("--timeout",), {"type": seconds, "metavar": "SECONDS", "help": "stop the cell after this many seconds (running workers stay)"}),
+    Option(("--max-restarts",), {"type": non_negative_int, "metavar": "K", "help": "relaunch every rank after a failure, up to K times (default: 0)"}, one_shot=True),
+    Option(("--ranks",), {"type": rank_list, "metavar": "0,2", "help": "with running workers: run the cell on these ranks only; its result is the lowest one's value"}),
+    Option(("-o", "--out"), {"type": variable_name, "metavar": "NAME", "help": "store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)"}),
+    Option(("--text",), {"action": "store_true", "help": "show output as text lines labelled [rank N]"}),
+    Option(("--widgets",), {"action": "store_true", "help": "show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)"}),
+)
+
+# What a one-shot %%distributed cell passes to notebook_launcher, by option (the rest is the cell's own).
+_LAUNCHER_DESTS = (*(o.dest for o in LAUNCH_OPTIONS if o.dest != "cpu"), "timeout", "max_restarts")
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Declare ``options`` on ``parser``, in their order."""
+    for option in options:
+        parser.add_argument(*option.flags, **option.settings)
+
+
+def options_decorator(options: Sequence[Option]) -> Callable[[F], F]:
+    """``@magic_arguments.argument(...)`` for each of ``options``, listed in their order in the help."""
+
+    def decorate(function: F) -> F:
+        for option in reversed(options):  # IPython lists decorators bottom-up; this keeps the declared order
+            function = magic_arguments.argument(*option.flags, **option.settings)(function)
+        return function
+
+    return decorate
+
+
+def start_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `LAUNCH_OPTIONS` given in ``args``, as keyword arguments (``cpu`` always)."""
+    given = {o.dest: getattr(args, o.dest) for o in LAUNCH_OPTIONS if getattr(args, o.dest) is not None}
+    return {**given, "cpu": bool(args.cpu)}
+
+
+
 def output_mode(args: argparse.Namespace) -> str | None:
     """``"text"``, ``"widgets"`` or None (let ``NBACCEL_OUTPUT`` decide) from --text / --widgets."""
     if args.text and args.widgets:
@@ -98,7 +168,7 @@ def launcher_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """
     output = output_mode(args)
     kwargs: dict[str, Any] = {}
-    for option in ("num_processes", "gpus", "mixed_precision", "start_method", "timeout", "max_restarts"):
+    for option in _LAUNCHER_DESTS:
         value = getattr(args, option)
         if value is not None:
             kwargs[option] = value
@@ -121,7 +191,8 @@ def check_one_shot(args: argparse.Namespace) -> None:
 
 def check_for_workers(args: argparse.Namespace, num_processes: int) -> None:
     """Refuse launch options the running workers fixed when they started, and ranks outside them."""
-    given = [spelled for dest, spelled in ONE_SHOT_OPTIONS.items() if getattr(args, dest, None) not in (None, False)]
+    one_shot = (o for o in (*LAUNCH_OPTIONS, *CELL_OPTIONS) if o.one_shot)
+    given = [o.spelled for o in one_shot if getattr(args, o.dest, None) not in (None, False)]
     if given:
         raise UsageError(
             f"{', '.join(given)} only apply to one-shot launches, but {num_processes} workers are running "

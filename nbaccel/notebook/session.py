@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from nbaccel.notebook.options import start_options
+
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool, WorkerStatus
 
-_START_OPTIONS = ("num_processes", "gpus", "mixed_precision", "start_method")
 NO_WORKERS = "no workers running: start them with %distributed start [-n N]"
 
 
@@ -79,10 +80,9 @@ class NotebookWorkers:
             )
         from nbaccel.errors import PreflightError
 
-        options = {name: getattr(args, name) for name in _START_OPTIONS if getattr(args, name) is not None}
         started = time.monotonic()
         try:
-            self.pool = self._start_pool(cpu=args.cpu, namespace=self.user_ns, **options)
+            self.pool = self._start_pool(namespace=self.user_ns, **start_options(args))
         except (ValueError, TypeError, PreflightError) as error:  # refused before any rank started
             raise UsageError(f"%distributed start: {error}") from None
         self._say_ready(time.monotonic() - started)
