@@ -2,7 +2,8 @@
 
 `LAUNCH_OPTIONS` (how ranks start: -n, --gpus, --cpu, --mixed-precision, --start-method) are
 taken by a one-shot ``%%distributed`` cell and by ``%distributed start``; `CELL_OPTIONS` by the
-cell only. `add_options` puts them on a parser, `options_decorator` on a magic. The argparse
+cell only. Both magics build nbaccel's `LaunchOptions` from what was given (`launch_options`),
+so options are checked together, as ``notebook_launcher`` and ``start_workers`` check them. `add_options` puts them on a parser, `options_decorator` on a magic. The argparse
 types turn a wrong value into one line naming it (IPython's parser raises it as a
 ``UsageError``); the checks below refuse options that mean nothing in the mode that runs: a
 one-shot launch (no workers running) or the running workers.
@@ -21,13 +22,13 @@ from __future__ import annotations
 import argparse
 import keyword
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 
-from nbaccel.launch.options import MIXED_PRECISIONS, START_METHODS
+from nbaccel.launch.options import MIXED_PRECISIONS, START_METHODS, LaunchOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -123,8 +124,9 @@ CELL_OPTIONS: tuple[Option, ...] = (
     Option(("--widgets",), {"action": "store_true", "help": "show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)"}),
 )
 
-# What a one-shot %%distributed cell passes to notebook_launcher, by option (the rest is the cell's own).
-_LAUNCHER_DESTS = (*(o.dest for o in LAUNCH_OPTIONS if o.dest != "cpu"), "timeout", "max_restarts")
+# The LaunchOptions fields a magic's options set (-o, --ranks, --text, --widgets are the cell's own).
+_LAUNCH_DESTS = tuple(field.name for field in fields(LaunchOptions))
+_NOT_GIVEN = (None, False)  # an option left out; "is" compared: --max-restarts 0 is given
 
 
 def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
@@ -144,11 +146,24 @@ def options_decorator(options: Sequence[Option]) -> Callable[[F], F]:
     return decorate
 
 
-def start_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The `LAUNCH_OPTIONS` given in ``args``, as keyword arguments (``cpu`` always)."""
-    given = {o.dest: getattr(args, o.dest) for o in LAUNCH_OPTIONS if getattr(args, o.dest) is not None}
-    return {**given, "cpu": bool(args.cpu)}
+def launch_options(args: argparse.Namespace, command: str) -> tuple[LaunchOptions, tuple[str, ...]]:
+    """The checked `LaunchOptions` that the launch options in ``args`` stand for, and which were given.
 
+    Options left out keep LaunchOptions' defaults, and are not among the names returned, so the
+    launcher's or pool's defaults decide for them. A contradiction between options (``--gpus``
+    with ``--cpu``) is a one-line UsageError naming ``command``, before anything starts.
+    """
+    given = {dest: getattr(args, dest) for dest in _LAUNCH_DESTS if not any(getattr(args, dest, None) is absent for absent in _NOT_GIVEN)}
+    try:
+        return LaunchOptions(**given), tuple(given)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{command}: {error}") from None
+
+
+def start_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``start_workers`` keyword arguments of ``%distributed start``'s options (via `LaunchOptions`)."""
+    options, given = launch_options(args, "%distributed start")
+    return {name: getattr(options, name) for name in given}
 
 
 def output_mode(args: argparse.Namespace) -> str | None:
@@ -163,17 +178,12 @@ def output_mode(args: argparse.Namespace) -> str | None:
 def launcher_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The ``notebook_launcher`` keyword arguments that parsed ``%%distributed`` options stand for.
 
-    Options left out are left out here too, so the launcher's defaults (and ``NBACCEL_OUTPUT``)
-    decide.
+    The options are checked together as a `LaunchOptions` first. Options left out are left out
+    here too, so the launcher's defaults (and ``NBACCEL_OUTPUT``) decide.
     """
     output = output_mode(args)
-    kwargs: dict[str, Any] = {}
-    for option in _LAUNCHER_DESTS:
-        value = getattr(args, option)
-        if value is not None:
-            kwargs[option] = value
-    if args.cpu:
-        kwargs["cpu"] = True
+    options, given = launch_options(args, "%%distributed")
+    kwargs: dict[str, Any] = {name: getattr(options, name) for name in given}
     if output is not None:
         kwargs["output"] = output
     return kwargs

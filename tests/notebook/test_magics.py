@@ -74,6 +74,7 @@ def test_variables_in_the_magic_line_are_expanded(ip: InteractiveShell, launches
         ("--bogus", "unrecognized arguments: --bogus"),
         ("4", "unrecognized arguments: 4"),
         ("--text --widgets", "--text and --widgets contradict each other"),
+        ("--gpus 0 --cpu", "%%distributed: gpus and cpu=True contradict each other"),  # checked by LaunchOptions
         ("-o 'unclosed", "No closing quotation"),
     ],
 )

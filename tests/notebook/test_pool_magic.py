@@ -48,6 +48,7 @@ def test_commands_and_options_are_parsed() -> None:
         ("start -n 0", "expected a whole number >= 1, got '0'"),
         ("start --gpus a,b", "expected device indices"),
         ("start --mixed-precision fp3", "invalid choice: 'fp3'"),
+        ("start --gpus 0 --cpu", "%distributed start: gpus and cpu=True contradict each other"),
         ("stop now", "unrecognized arguments: now"),
         ("push", "required: NAME"),
         ("push 1x", "expected a Python variable name, got '1x'"),
