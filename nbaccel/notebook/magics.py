@@ -20,7 +20,6 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import argparse
-import sys
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from nbaccel.errors import NbaccelError, PreflightError
+from nbaccel.launch.notices import say
 from nbaccel.launcher import notebook_launcher
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
@@ -133,7 +133,7 @@ class DistributedMagics(Magics):
         function = self._compile(line, cell, lambda source, **options: compile_cell(source, self.shell.user_ns, **options))
         note = self.workers.one_shot_note(kwargs.get("num_processes") or len(kwargs.get("gpus") or ()))
         if note:
-            print(note, file=sys.stderr)
+            say(note)
         values = self._launch(function, kwargs)
         if args.out is not None:
             self.shell.user_ns[args.out] = values

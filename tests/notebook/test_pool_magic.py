@@ -19,6 +19,13 @@ from tests.notebook.stand_ins import FakePool, Launches, Starts
 pytestmark = pytest.mark.timeout(30)
 
 
+def notices(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """nbaccel's notices printed since the last call (on stdout, where every notice goes)."""
+    captured = capsys.readouterr()
+    assert "nbaccel:" not in captured.err
+    return [line for line in captured.out.splitlines() if line.startswith("nbaccel:")]
+
+
 def cell(ip: InteractiveShell, code: str) -> Any:
     result = ip.run_cell(code, store_history=True)
     if result.error_in_exec is not None:
@@ -156,7 +163,7 @@ def test_unloading_the_extension_stops_the_workers(ip: InteractiveShell, pool: F
     ip.run_line_magic("unload_ext", "nbaccel")
     ip.run_line_magic("load_ext", "nbaccel")
     assert not pool.alive
-    assert "stopped the 2 workers of the unloaded extension" in capsys.readouterr().err
+    assert "nbaccel: stopped the 2 workers of the unloaded extension\n" in capsys.readouterr().out
 
 
 # -- %%distributed: routing -----------------------------------------------------------------------
@@ -214,14 +221,14 @@ def test_ranks_without_workers_is_a_usage_error_and_nothing_starts(ip: Interacti
 def test_a_one_shot_launch_says_so_once_and_again_after_workers_stop(ip: InteractiveShell, started: Starts, launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
     magics_of(ip).workers.mode = None  # a fresh session
     cell(ip, "%%distributed -n 2\n1")
-    assert capsys.readouterr().err == "nbaccel: no workers running; one-shot launch of 2 ranks\n"
+    assert notices(capsys) == ["nbaccel: no workers running; one-shot launch of 2 ranks"]
     cell(ip, "%%distributed\n1")
-    assert capsys.readouterr().err == ""  # no news, no line
+    assert notices(capsys) == []  # no news, no line
     ip.run_line_magic("distributed", "start")
     cell(ip, "%%distributed\n1")
     started[0].alive = False  # torn down after a failure
     cell(ip, "%%distributed\n1")
-    assert capsys.readouterr().err == "nbaccel: no workers running (stopped after a failure); one-shot launch\n"
+    assert notices(capsys)[-1] == "nbaccel: no workers running (stopped after a failure); one-shot launch"
     assert len(launches) == 3
 
 
@@ -231,3 +238,14 @@ def test_a_syntax_error_on_workers_is_raised_in_the_kernel_and_nothing_runs(ip: 
     with pytest.raises(CellSyntaxError, match=r"line 3 of the cell"):
         cell(ip, "%%distributed\nok = 1\nx = (\n")
     assert pool.calls == []
+
+
+def test_nbaccel_quiet_silences_the_notices_not_the_answers(ip: InteractiveShell, started: Starts, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NBACCEL_QUIET", "1")
+    magics_of(ip).workers.mode = None
+    cell(ip, "%%distributed -n 2\n1")  # would say "one-shot launch"
+    ip.run_line_magic("distributed", "start -n 2")  # would say "2 workers ready"
+    ip.run_line_magic("distributed", "stop")
+    assert notices(capsys) == []
+    ip.run_line_magic("distributed", "status")
+    assert notices(capsys) == ["nbaccel: no workers running: start them with %distributed start [-n N]"]  # asked for
