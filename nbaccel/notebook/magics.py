@@ -41,6 +41,7 @@ from nbaccel.notebook.options import (
     launcher_arguments,
     options_decorator,
     output_mode,
+    unsplittable,
 )
 from nbaccel.notebook.session import NotebookWorkers, StartPool
 from nbaccel.pool import start_workers
@@ -83,7 +84,7 @@ class DistributedMagics(Magics):
 
     distributed_line.__doc__ = worker_commands.help_text()  # type: ignore[assignment]  # what %distributed? shows (Never: see above)
 
-    @magic_arguments.magic_arguments(name=MAGIC_NAME)
+    @magic_arguments.magic_arguments(name=f"%{MAGIC_NAME}")  # IPython adds one %: the help says %%distributed
     @options_decorator((*LAUNCH_OPTIONS, *CELL_OPTIONS))
     @cell_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub, as line_magic above
     def distributed_cell(self, line: str, cell: str) -> Any:
@@ -94,7 +95,8 @@ class DistributedMagics(Magics):
         names it assigns end with it. After `%distributed start` it runs on the workers instead:
         each rank runs it in its own namespace, which keeps the names it assigns for the next
         cell (`%distributed?` for the workers' commands). Either way `state` is predefined:
-        nbaccel's PartialState (rank, world size, device, helpers), created on first use. The
+        nbaccel's PartialState (rank, world size, device, helpers), set up on first use (a
+        cell that never touches it creates no process group). The
         value of the cell's last expression on rank 0 is the cell's result (a trailing `;` hides
         it); -o NAME keeps every rank's value. Output is labelled by rank.
 
@@ -143,7 +145,7 @@ class DistributedMagics(Magics):
         try:
             return magic_arguments.parse_argstring(self.distributed_cell, line)
         except ValueError as error:  # shlex: "No closing quotation"
-            raise UsageError(f"%%{MAGIC_NAME} {line.strip()}: {error}") from None
+            raise unsplittable(f"%%{MAGIC_NAME}", line, error) from None
 
     def _compile(self, line: str, cell: str, compiler: Callable[..., Any]) -> Any:
         """``compiler(source, header=, cache=, flags=)`` of the transformed cell; syntax errors as CellSyntaxError."""

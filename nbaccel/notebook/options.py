@@ -166,6 +166,14 @@ def start_options(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(options, name) for name in given}
 
 
+def unsplittable(command: str, line: str, error: ValueError) -> UsageError:
+    """The UsageError for a magic line that shell-style splitting refuses (an unclosed quote)."""
+    return UsageError(
+        f"{command} {line.strip()}: {error}, so the line cannot be split into options; "
+        "close every quote, or escape a lone one with a backslash."
+    )
+
+
 def output_mode(args: argparse.Namespace) -> str | None:
     """``"text"``, ``"widgets"`` or None (let ``NBACCEL_OUTPUT`` decide) from --text / --widgets."""
     if args.text and args.widgets:

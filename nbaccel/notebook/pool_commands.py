@@ -19,7 +19,7 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, variable_name
+from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, unsplittable, variable_name
 
 COMMANDS = ("start", "stop", "restart", "status", "push", "pull")
 
@@ -73,7 +73,7 @@ def parse(line: str) -> argparse.Namespace:
     try:
         return parser().parse_argstring(line)
     except ValueError as error:  # shlex: "No closing quotation"
-        raise UsageError(f"%distributed {line.strip()}: {error}") from None
+        raise unsplittable("%distributed", line, error) from None
 
 
 def help_text() -> str:

@@ -186,7 +186,7 @@ def _frames(tb):  # type: ignore[no-untyped-def]
 def test_help_lists_every_option(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_cell("%%distributed?")
     text = capsys.readouterr().out
-    assert "%distributed [-n N]" in text
+    assert "%%distributed [-n N]" in text
     for option in ("--num-processes N", "--gpus", "--cpu", "--mixed-precision", "--start-method", "--timeout SECONDS", "--max-restarts K", "--out NAME", "--text", "--widgets"):
         assert option in text, option
     assert "state" in text and "last expression" in text

@@ -33,3 +33,16 @@ def test_start_takes_exactly_the_launch_options_with_the_same_help() -> None:
 def test_no_option_is_spelled_twice() -> None:
     flags = [flag for o in (*LAUNCH_OPTIONS, *CELL_OPTIONS) for flag in o.flags]
     assert len(flags) == len(set(flags))
+
+
+def option_lines(help_text: str) -> list[str]:
+    """The first flag of every option the help describes (its lines start with two spaces and a dash)."""
+    return [line.split()[0].rstrip(",") for line in help_text.splitlines() if line.startswith("  -")]
+
+
+def test_each_help_describes_every_option_once() -> None:
+    cell_help = DistributedMagics.distributed_cell.__doc__ or ""
+    assert option_lines(cell_help) == [o.flags[0] for o in (*LAUNCH_OPTIONS, *CELL_OPTIONS)]
+    assert cell_help.lstrip(":\n ").startswith("%%distributed [-n N]")
+    workers_help = pool_commands.help_text()
+    assert option_lines(workers_help) == [*(o.flags[0] for o in LAUNCH_OPTIONS), "--rank", "-o"]  # start's, then pull's
