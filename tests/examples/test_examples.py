@@ -27,7 +27,7 @@ def test_there_are_examples() -> None:
 def test_example_runs_without_errors(path: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "commit examples without outputs"
-    client = NotebookClient(notebook, timeout=scaled(60), kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}})
+    client = NotebookClient(notebook, timeout=round(scaled(60)), kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}})
     started = time.monotonic()
     client.execute()  # raises CellExecutionError on the first cell that errors (unless tagged raises-exception)
     text = _all_text(notebook)
