@@ -1,4 +1,4 @@
-"""Shared fixtures: every test is bounded in time and must leave nothing behind.
+"""Shared fixtures: every test is bounded in time (scaled by ``nbaccel.testing.time_scale``) and must leave nothing behind.
 
 The autouse leak check compares what this process holds after each test with what it held
 before (tests/leak_check.py): processes and zombies, Python threads, open fds, listening TCP
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nbaccel.testing import scaled
+from nbaccel.testing import scaled, time_scale
 from tests.leak_check import Resources, become_subreaper, clean_up, leaks, reap_zombie_children
 
 LEAK_GRACE_S = 1.0  # what a test ended may still be finishing: a rank exiting, a thread joining
@@ -69,12 +69,31 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _scale_timeouts(config, items)
+    _skip_gpu_tests_without_a_gpu(items)
+
+
+def _scale_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test's time limit (its timeout marker, else the configured one) times ``time_scale()``."""
+    scale = time_scale()
+    if scale == 1.0:
+        return
+    configured = config.getoption("timeout", None) or config.getini("timeout") or 0
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        settings = dict(marker.kwargs) if marker else {}
+        limit = marker.args[0] if marker and marker.args else settings.pop("timeout", configured)
+        if float(limit) > 0:
+            item.add_marker(pytest.mark.timeout(float(limit) * scale, **settings), append=False)
+
+
+def _skip_gpu_tests_without_a_gpu(items: list[pytest.Item]) -> None:
     """Skip GPU tests where no CUDA device is visible."""
     try:
         import torch
 
         have_gpu = torch.cuda.device_count() > 0
-    except Exception:
+    except (ImportError, RuntimeError):  # torch missing or its CUDA broken: the GPU tier cannot run
         have_gpu = False
     if have_gpu:
         return

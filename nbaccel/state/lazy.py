@@ -28,7 +28,7 @@ __all__ = ["LazyPartialState"]
 class LazyPartialState(PartialState):
     """``PartialState()``, set up (process group included) when an attribute is first read."""
 
-    def __init__(self) -> None:  # noqa: D107 - deliberately nothing: no group until first use
+    def __init__(self) -> None:  # deliberately nothing: no group until first use
         pass
 
     @property
