@@ -73,14 +73,6 @@ def predefined_state() -> Any:
     return LazyPartialState()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "LazyState":  # the name this stand-in had before it became a real PartialState
-        from nbaccel.state.lazy import LazyPartialState
-
-        return LazyPartialState
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def compile_cell(
     source: str,
     namespace: dict[str, Any] | None = None,
