@@ -215,8 +215,8 @@ class PoolCell:
         self.source, self.header, self.filename, self.flags = source, header, filename, flags
 
     def __call__(self, namespace: dict[str, Any]) -> Any:
-        exec(self._body, namespace)
-        return None if self._last is None else eval(self._last, namespace)
+        exec(self._body, namespace)  # noqa: S102 - the user's own cell, in the user's own worker
+        return None if self._last is None else eval(self._last, namespace)  # noqa: S307
 
     def __repr__(self) -> str:
         return f"<nbaccel pool cell {self.filename}>"

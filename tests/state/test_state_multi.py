@@ -382,7 +382,7 @@ def two_machines() -> dict:
             if state.process_index == 2:  # the second machine's leader fails
                 raise OSError("disk full")
             seen["failure"] = "ran the block"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         seen["failure"] = type(exc).__name__
     return seen
 
