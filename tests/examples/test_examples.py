@@ -14,7 +14,7 @@ from nbaccel.testing import scaled
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(120))]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # scaled by tests/conftest.py
 
 
 def test_there_are_examples() -> None:
