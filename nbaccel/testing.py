@@ -7,16 +7,23 @@ Example:
     ['hello']
     >>> nbaccel_frames('File "/site/nbaccel/launch/loop.py", line 3\\nFile "Cell In[2]", line 1')
     ['File "/site/nbaccel/launch/loop.py", line 3']
+    >>> scaled(2.0) >= 2.0
+    True
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.state import reset_all_states
 
-__all__ = ["CollectingSink", "nbaccel_frames", "reset_all_states"]
+__all__ = ["TIME_SCALE_VARIABLE", "CollectingSink", "nbaccel_frames", "reset_all_states", "scaled", "time_scale"]
+
+TIME_SCALE_VARIABLE = "NBACCEL_TEST_TIME_SCALE"
+_CI_SCALE = 2.0  # a shared CI runner is slower than a developer's machine, and less predictable
+_MOST_LOAD_SCALE = 4.0
 
 # A frame of nbaccel's own in a traceback names a file inside the package, whatever it is called.
 _PACKAGE_FILE = re.compile(r"nbaccel[/\\](?:[\w.-]+[/\\])*[\w.-]+\.py")
@@ -28,3 +35,36 @@ def nbaccel_frames(traceback_text: str) -> list[str]:
     Tracebacks shown to users should hold only their own code: assert that this is empty.
     """
     return [line for line in traceback_text.splitlines() if _PACKAGE_FILE.search(line)]
+
+
+def time_scale() -> float:
+    """How much longer than on an idle developer machine a time bound of a test should be.
+
+    ``NBACCEL_TEST_TIME_SCALE`` when set (e.g. ``3`` on a slow runner). Otherwise 1, raised to 2
+    when ``CI`` is true, and further by the load: with more runnable processes than CPUs every
+    process gets its share of them only (capped at 4).
+    """
+    given = os.environ.get(TIME_SCALE_VARIABLE)
+    if given:
+        try:
+            value = float(given)
+        except ValueError:
+            value = 0.0
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"{TIME_SCALE_VARIABLE}={given!r} is not a positive number: set it to e.g. 2 (twice the time), or unset it.")
+        return value
+    scale = _CI_SCALE if os.environ.get("CI", "").lower() in ("1", "true", "yes") else 1.0
+    try:
+        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        per_cpu = 0.0
+    return scale * min(max(1.0, per_cpu), _MOST_LOAD_SCALE)
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times `time_scale`: use it for every time bound a test asserts or waits for.
+
+    Example:
+        >>> deadline = scaled(5.0)  # 5 s on an idle machine, more on a loaded one
+    """
+    return seconds * time_scale()

@@ -1,55 +1,99 @@
-"""Shared fixtures: every test is bounded in time and must leave no child process behind."""
+"""Shared fixtures: every test is bounded in time (scaled by ``nbaccel.testing.time_scale``) and must leave nothing behind.
+
+The autouse leak check compares what this process holds after each test with what it held
+before (tests/leak_check.py): processes and zombies, Python threads, open fds, listening TCP
+ports. What wider-scoped fixtures hold (a module's kernel) was there before, so it is allowed.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 
-import psutil
 import pytest
 
-_SELF = psutil.Process()
+from nbaccel.testing import scaled, time_scale
+from tests.leak_check import Resources, become_subreaper, clean_up, leaks, reap_zombie_children
+
+LEAK_GRACE_S = 1.0  # what a test ended may still be finishing: a rank exiting, a thread joining
+_POLL_S = 0.05
 
 
-def _children() -> dict[int, float]:
-    """Live descendants of the test process, keyed by pid, with their create time."""
-    found = {}
-    for child in _SELF.children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                found[child.pid] = child.create_time()
-        except psutil.NoSuchProcess:
-            pass
-    return found
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "orphans: the test kills a parent on purpose; its ended orphans are reaped, not counted")
+    # Orphaned descendants (ranks of a killed kernel) become our children: seen by the leak check, and reaped.
+    config.stash[_SUBREAPER] = become_subreaper()
+    _open_process_singletons()
+
+
+_SUBREAPER = pytest.StashKey[bool]()
+
+
+def _open_process_singletons() -> None:
+    """Open now what a library opens once per process and keeps, so no test is blamed for it.
+
+    torch's TCPStore runs on libuv, whose signal handling opens a pipe on the first loop of the
+    process and keeps it open for the process's life (the kernel side of every launch makes one).
+    jupyter_client's blocking calls run on one asyncio loop per thread that jupyter_core keeps
+    (an epoll fd and a socket pair): the first test driving a kernel would be blamed for it.
+    """
+    import torch.distributed as dist
+    from jupyter_core.utils import ensure_event_loop
+
+    if dist.is_available():
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        del store
+    ensure_event_loop()
 
 
 @pytest.fixture(autouse=True)
-def no_leaked_children(request: pytest.FixtureRequest):
-    """Fail a test that leaves a process it started running (kernels held by wider fixtures are allowed)."""
-    before = _children()
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a process, zombie, thread, fd or listening port behind."""
+    before = Resources.now()
+    if any(d.zombie and d.ppid == os.getpid() for d in before.descendants):
+        reap_zombie_children()  # orphans of a wider fixture's teardown: not this test's doing
+        before = Resources.now()
     yield
-    deadline = time.monotonic() + 1.0
-    leaked = {}
-    while time.monotonic() < deadline:
-        leaked = {pid: t for pid, t in _children().items() if before.get(pid) != t}
-        if not leaked:
-            return
-        time.sleep(0.05)
-    for pid in leaked:  # clean up so one leak does not cascade into every later test
-        try:
-            psutil.Process(pid).kill()
-        except psutil.NoSuchProcess:
-            pass
-    pytest.fail(f"test left child processes running: {sorted(leaked)}", pytrace=False)
+    orphans_expected = request.node.get_closest_marker("orphans") is not None
+    deadline = time.monotonic() + scaled(LEAK_GRACE_S)
+    while True:
+        after = Resources.now()
+        found = leaks(before, after, orphans_expected)
+        if not found or time.monotonic() > deadline:
+            break
+        time.sleep(_POLL_S)
+    clean_up(before, after)
+    if found:
+        pytest.fail("test left behind:\n  " + "\n  ".join(found), pytrace=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _scale_timeouts(config, items)
+    _skip_gpu_tests_without_a_gpu(items)
+
+
+def _scale_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test's time limit (its timeout marker, else the configured one) times ``time_scale()``."""
+    scale = time_scale()
+    if scale == 1.0:
+        return
+    configured = config.getoption("timeout", None) or config.getini("timeout") or 0
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        settings = dict(marker.kwargs) if marker else {}
+        limit = marker.args[0] if marker and marker.args else settings.pop("timeout", configured)
+        if float(limit) > 0:
+            item.add_marker(pytest.mark.timeout(float(limit) * scale, **settings), append=False)
+
+
+def _skip_gpu_tests_without_a_gpu(items: list[pytest.Item]) -> None:
     """Skip GPU tests where no CUDA device is visible."""
     try:
         import torch
 
         have_gpu = torch.cuda.device_count() > 0
-    except Exception:  # torch missing or broken: GPU tier cannot run
+    except (ImportError, RuntimeError):  # torch missing or its CUDA broken: the GPU tier cannot run
         have_gpu = False
     if have_gpu:
         return

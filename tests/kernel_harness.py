@@ -14,12 +14,14 @@ import os
 import queue
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 from jupyter_client.manager import KernelManager
+
+from nbaccel.testing import scaled
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Kernel:
         self.manager = manager
         self.client = manager.client()
         self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        self.client.wait_for_ready(timeout=scaled(60))
 
     @property
     def pid(self) -> int:
@@ -68,13 +70,26 @@ class Kernel:
         """Pids of every process the kernel started that still exists (ranks, workers)."""
         return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
 
-    def execute(self, code: str, timeout: float = 60.0, interrupt_after: float | None = None) -> Execution:
-        """Run ``code``; collect iopub until the kernel is idle again (optionally interrupting it)."""
+    def execute(
+        self,
+        code: str,
+        timeout: float = 60.0,
+        interrupt_after: float | None = None,
+        interrupt_on: str | Callable[[str], bool] | None = None,
+    ) -> Execution:
+        """Run ``code``; collect iopub until the kernel is idle again.
+
+        ``interrupt_on``: interrupt the kernel (as the notebook's stop button does) as soon as the
+        cell's output holds this text (or this test of the output so far holds), e.g. a rank's
+        first line: an event, not a guess of how long starting takes. ``interrupt_after``: interrupt after that many seconds
+        (prefer ``interrupt_on``). ``timeout`` is scaled by ``nbaccel.testing.scaled``.
+        """
         started = time.monotonic()
         msg_id = self.client.execute(code, store_history=True)
         messages: list[dict[str, Any]] = []
+        output = ""
         interrupted = False
-        deadline = started + timeout
+        deadline = started + scaled(timeout)
         idle = False
         while not idle:
             if interrupt_after is not None and not interrupted and time.monotonic() - started >= interrupt_after:
@@ -85,7 +100,7 @@ class Kernel:
                 msg = self.client.get_iopub_msg(timeout=wait)
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"kernel did not finish within {timeout} s: {code[:200]!r}") from None
+                    raise TimeoutError(f"kernel did not finish within {scaled(timeout):.0f} s: {code[:200]!r}") from None
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -93,6 +108,10 @@ class Kernel:
                 idle = True
             else:
                 messages.append(msg)
+                output += msg["content"]["text"] if msg["msg_type"] == "stream" else ""
+                if interrupt_on is not None and not interrupted and _holds(output, interrupt_on):
+                    self.manager.interrupt_kernel()
+                    interrupted = True
         reply = self.client.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
         return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started)
 
@@ -120,6 +139,24 @@ def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
             kernel.shutdown()
         else:
             manager.shutdown_kernel(now=True)
+
+
+def _holds(output: str, expected: str | Callable[[str], bool]) -> bool:
+    return expected in output if isinstance(expected, str) else expected(output)
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> float:
+    """Poll ``condition`` until it holds; the seconds that took. ``seconds`` is scaled.
+
+    Raises AssertionError naming ``what`` when it still does not hold after ``scaled(seconds)``.
+    """
+    started = time.monotonic()
+    limit = scaled(seconds)
+    while not condition():
+        if time.monotonic() - started > limit:
+            raise AssertionError(f"{what}: still not so after {limit:.1f} s")
+        time.sleep(0.02)
+    return time.monotonic() - started
 
 
 def alive(pid: int) -> bool:

@@ -6,7 +6,7 @@ wraps it in a `Cell`, which calls it and pickles it (by its source):
 - names the cell assigns are the function's locals, so they never leak into the notebook;
 - every other name is looked up in ``namespace`` (the notebook's globals), as it is when the
   function runs: at the fork, or when cloudpickle carries the function to a spawned rank;
-- ``state`` is predefined as a lazy stand-in for ``nbaccel.PartialState()``, created on first use,
+- ``state`` is predefined as nbaccel's ``PartialState``, set up on first use (`predefined_state`),
   so a cell that never touches it never creates a process group;
 - the value of the last expression is returned, as IPython would display it; a trailing ``;``
   suppresses it, and a ``return`` anywhere in the cell works too.
@@ -32,8 +32,8 @@ Example:
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import builtins
 import dis
@@ -41,7 +41,6 @@ import functools
 import hashlib
 import io
 import linecache
-import sys
 import tokenize
 import types
 from collections.abc import Callable
@@ -62,47 +61,16 @@ _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_N
 _NOT_CODE = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 
 
-class LazyState:
-    """``state`` in a cell: ``nbaccel.PartialState()``, made on first attribute access.
+def predefined_state() -> Any:
+    """The ``state`` every cell has predefined: nbaccel's PartialState, set up on first use.
 
-    Nothing is created until the cell uses it, so a cell that never touches ``state`` pays for
-    no process group. Every access asks ``PartialState()`` again (a cheap view of the shared
-    state), so nothing stale survives a fork or a reset. It pickles to a fresh stand-in.
-
-    Example:
-        >>> state = LazyState()
-        >>> state  # doctest: +SKIP
-        <state: nbaccel.PartialState, created on first use>
-        >>> state.num_processes  # doctest: +SKIP
-        2
+    A `nbaccel.state.lazy.LazyPartialState`: a real ``PartialState`` that joins the process group
+    only when the cell first reads one of its attributes. (Imported here, not at the top: it
+    brings torch, and loading the magics must stay cheap.)
     """
+    from nbaccel.state.lazy import LazyPartialState
 
-    __slots__ = ()
-
-    @staticmethod
-    def resolve() -> Any:
-        """The ``nbaccel.PartialState()`` this stands for (created now if needed)."""
-        import nbaccel
-
-        return nbaccel.PartialState()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)  # copy/pickle probe dunders: never build a process group for them
-        return getattr(self.resolve(), name)
-
-    def __dir__(self) -> list[str]:
-        import nbaccel
-
-        return sorted(set(dir(nbaccel.PartialState)) | {"resolve"})
-
-    def __repr__(self) -> str:
-        module = sys.modules.get("nbaccel.state")
-        created = module is not None and getattr(module.PartialState, "_shared", None) is not None
-        return repr(self.resolve()) if created else "<state: nbaccel.PartialState, created on first use>"
-
-    def __reduce__(self) -> tuple[type[LazyState], tuple[()]]:
-        return (LazyState, ())
+    return LazyPartialState()
 
 
 def compile_cell(
@@ -113,7 +81,7 @@ def compile_cell(
     cache: Callable[[str], str] | None = None,
     flags: int = 0,
 ) -> Cell:
-    """Compile a cell's ``source`` into a `Cell`: a function ``distributed_cell(state=<lazy>)``.
+    """Compile a cell's ``source`` into a `Cell`: a function ``distributed_cell(state=predefined_state())``.
 
     Args:
         source: the Python code of the cell (IPython syntax already transformed).
@@ -304,7 +272,7 @@ def _compile_function(source: str, text: str, filename: str, offset: int, future
         raise _explained(error, text) from None
     function_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
     function = types.FunctionType(function_code, namespace, FUNCTION_NAME)
-    function.__defaults__ = (LazyState(),)
+    function.__defaults__ = (predefined_state(),)
     return function
 
 

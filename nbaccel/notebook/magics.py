@@ -20,7 +20,6 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import argparse
-import sys
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,29 +28,30 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from nbaccel.errors import NbaccelError, PreflightError
+from nbaccel.launch.notices import say
+from nbaccel.launcher import notebook_launcher
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
-from nbaccel.launch.options import MIXED_PRECISIONS
-from nbaccel.errors import NbaccelError
 from nbaccel.notebook.options import (
+    CELL_OPTIONS,
+    LAUNCH_OPTIONS,
     check_for_workers,
     check_one_shot,
-    gpu_list,
     launcher_arguments,
-    non_negative_int,
+    options_decorator,
     output_mode,
-    positive_int,
-    rank_list,
-    seconds,
-    variable_name,
+    unsplittable,
 )
-from nbaccel.notebook.session import NotebookWorkers
-from nbaccel.launch.options import START_METHODS
+from nbaccel.notebook.session import NotebookWorkers, StartPool
+from nbaccel.pool import start_workers
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 MAGIC_NAME = "distributed"
+
+Launch = Callable[..., list[Any]]  # notebook_launcher's shape: (function, **options) -> every rank's value
 
 __all__ = ["CellSyntaxError", "DistributedMagics", "launcher_arguments", "register", "unregister"]
 
@@ -67,9 +67,15 @@ class DistributedMagics(Magics):
 
     shell: InteractiveShell  # never None here: IPython's register_magics passes its shell
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+    def __init__(self, shell: Any = None, *, launch: Launch = notebook_launcher, start_pool: StartPool = start_workers, **kwargs: Any) -> None:
+        """``launch`` runs a one-shot cell, ``start_pool`` starts workers: nbaccel's own by default.
+
+        Tests (and tools built on the magics) pass their own, e.g.
+        ``register(shell, launch=recording_launcher)``.
+        """
         super().__init__(shell, **kwargs)
-        self.workers = NotebookWorkers(lambda: self.shell.user_ns)
+        self.launch = launch
+        self.workers = NotebookWorkers(lambda: self.shell.user_ns, start_pool)
 
     @line_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub: unbound TypeVar, read as Never
     def distributed_line(self, line: str) -> None:
@@ -78,18 +84,8 @@ class DistributedMagics(Magics):
 
     distributed_line.__doc__ = worker_commands.help_text()  # type: ignore[assignment]  # what %distributed? shows (Never: see above)
 
-    @magic_arguments.magic_arguments(name=MAGIC_NAME)
-    @magic_arguments.argument("-n", "--num-processes", type=positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
-    @magic_arguments.argument("--gpus", type=gpu_list, metavar="0,2,3", help="CUDA devices to use, one rank each (default: the first N)")
-    @magic_arguments.argument("--cpu", action="store_true", help="run CPU ranks on gloo even where GPUs are visible")
-    @magic_arguments.argument("--mixed-precision", choices=MIXED_PRECISIONS, help="exported to nbaccel's state and Accelerate (default: no)")
-    @magic_arguments.argument("--start-method", choices=START_METHODS, help="fork the kernel, or spawn fresh interpreters (default: auto, fork when safe)")
-    @magic_arguments.argument("--timeout", type=seconds, metavar="SECONDS", help="stop the cell after this many seconds (running workers stay)")
-    @magic_arguments.argument("--max-restarts", type=non_negative_int, metavar="K", help="relaunch every rank after a failure, up to K times (default: 0)")
-    @magic_arguments.argument("--ranks", type=rank_list, metavar="0,2", help="with running workers: run the cell on these ranks only; its result is the lowest one's value")
-    @magic_arguments.argument("-o", "--out", type=variable_name, metavar="NAME", help="store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)")
-    @magic_arguments.argument("--text", action="store_true", help="show output as text lines labelled [rank N]")
-    @magic_arguments.argument("--widgets", action="store_true", help="show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)")
+    @magic_arguments.magic_arguments(name=f"%{MAGIC_NAME}")  # IPython adds one %: the help says %%distributed
+    @options_decorator((*LAUNCH_OPTIONS, *CELL_OPTIONS))
     @cell_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub, as line_magic above
     def distributed_cell(self, line: str, cell: str) -> Any:
         """Run this cell on every rank; show rank 0's value.
@@ -99,7 +95,8 @@ class DistributedMagics(Magics):
         names it assigns end with it. After `%distributed start` it runs on the workers instead:
         each rank runs it in its own namespace, which keeps the names it assigns for the next
         cell (`%distributed?` for the workers' commands). Either way `state` is predefined:
-        nbaccel's PartialState (rank, world size, device, helpers), created on first use. The
+        nbaccel's PartialState (rank, world size, device, helpers), set up on first use (a
+        cell that never touches it creates no process group). The
         value of the cell's last expression on rank 0 is the cell's result (a trailing `;` hides
         it); -o NAME keeps every rank's value. Output is labelled by rank.
 
@@ -138,7 +135,7 @@ class DistributedMagics(Magics):
         function = self._compile(line, cell, lambda source, **options: compile_cell(source, self.shell.user_ns, **options))
         note = self.workers.one_shot_note(kwargs.get("num_processes") or len(kwargs.get("gpus") or ()))
         if note:
-            print(note, file=sys.stderr)
+            say(note)
         values = self._launch(function, kwargs)
         if args.out is not None:
             self.shell.user_ns[args.out] = values
@@ -148,7 +145,7 @@ class DistributedMagics(Magics):
         try:
             return magic_arguments.parse_argstring(self.distributed_cell, line)
         except ValueError as error:  # shlex: "No closing quotation"
-            raise UsageError(f"%%{MAGIC_NAME} {line.strip()}: {error}") from None
+            raise unsplittable(f"%%{MAGIC_NAME}", line, error) from None
 
     def _compile(self, line: str, cell: str, compiler: Callable[..., Any]) -> Any:
         """``compiler(source, header=, cache=, flags=)`` of the transformed cell; syntax errors as CellSyntaxError."""
@@ -184,11 +181,8 @@ class DistributedMagics(Magics):
 
     def _launch(self, function: Any, kwargs: dict[str, Any]) -> list[Any]:
         __tracebackhide__ = True
-        from nbaccel import launcher
-        from nbaccel.errors import PreflightError
-
         try:
-            return launcher.notebook_launcher(function, **kwargs)
+            return self.launch(function, **kwargs)
         except (ValueError, PreflightError) as error:
             # Raised before any rank starts: a wrong option value or a kernel that cannot fork.
             raise UsageError(f"%%{MAGIC_NAME}: {error}") from None
@@ -214,9 +208,23 @@ class CellSyntaxError(NbaccelError):
         return list(self._shell.SyntaxTB.structured_traceback(SyntaxError, self.syntax_error, []))
 
 
-def register(ipython: Any) -> None:
-    """Add ``%%distributed`` and ``%distributed`` to ``ipython`` (what ``%load_ext nbaccel`` calls)."""
-    ipython.register_magics(DistributedMagics)
+def register(ipython: Any, *, launch: Launch = notebook_launcher, start_pool: StartPool = start_workers) -> DistributedMagics:
+    """Add ``%%distributed`` and ``%distributed`` to ``ipython`` (what ``%load_ext nbaccel`` calls).
+
+    ``launch`` and ``start_pool`` are what the magics run cells and start workers with (see
+    `DistributedMagics`). Magics registered before are replaced, their workers stopped.
+
+    Example:
+        >>> calls = []
+        >>> def recording_launcher(function, **options):
+        ...     calls.append(options)
+        ...     return [function()]
+        >>> magics = register(get_ipython(), launch=recording_launcher)  # doctest: +SKIP
+    """
+    unregister(ipython)
+    magics = DistributedMagics(ipython, launch=launch, start_pool=start_pool)
+    ipython.register_magics(magics)
+    return magics
 
 
 def unregister(ipython: Any) -> None:

@@ -1,6 +1,10 @@
-"""Option values of the ``%%distributed`` / ``%distributed`` magics, and what each mode accepts.
+"""The options of the ``%%distributed`` / ``%distributed`` magics, each declared once, and their checks.
 
-The argparse types turn a wrong value into one line naming it (IPython's parser raises it as a
+`LAUNCH_OPTIONS` (how ranks start: -n, --gpus, --cpu, --mixed-precision, --start-method) are
+taken by a one-shot ``%%distributed`` cell and by ``%distributed start``; `CELL_OPTIONS` by the
+cell only. Both magics build nbaccel's `LaunchOptions` from what was given (`launch_options`),
+so options are checked together, as ``notebook_launcher`` and ``start_workers`` check them. `add_options` puts them on a parser, `options_decorator` on a magic. The argparse
+types turn a wrong value into one line naming it (IPython's parser raises it as a
 ``UsageError``); the checks below refuse options that mean nothing in the mode that runs: a
 one-shot launch (no workers running) or the running workers.
 
@@ -17,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import keyword
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
+from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 
-# Options the workers fixed when they started (dest -> how the user spelled it).
-ONE_SHOT_OPTIONS = {
-    "num_processes": "-n",
-    "gpus": "--gpus",
-    "cpu": "--cpu",
-    "mixed_precision": "--mixed-precision",
-    "start_method": "--start-method",
-    "max_restarts": "--max-restarts",
-}
+from nbaccel.launch.options import MIXED_PRECISIONS, START_METHODS, LaunchOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def positive_int(text: str) -> int:
@@ -81,6 +82,98 @@ def variable_name(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class Option:
+    """One magic option: its spellings and what argparse needs to parse it.
+
+    ``one_shot``: it means something only to a one-shot launch (with workers running, the
+    workers fixed it when they started, so a cell on them refuses it).
+    """
+
+    flags: tuple[str, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+    one_shot: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flags[-1].lstrip("-").replace("-", "_")
+
+    @property
+    def spelled(self) -> str:
+        return self.flags[0]
+
+
+LAUNCH_OPTIONS: tuple[Option, ...] = (
+    Option(("-n", "--num-processes"), {"type": positive_int, "metavar": "N", "help": "ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)"}, one_shot=True),
+    Option(("--gpus",), {"type": gpu_list, "metavar": "0,2,3", "help": "CUDA devices to use, one rank each (default: the first N)"}, one_shot=True),
+    Option(("--cpu",), {"action": "store_true", "help": "run CPU ranks on gloo even where GPUs are visible"}, one_shot=True),
+    Option(("--mixed-precision",), {"choices": MIXED_PRECISIONS, "help": "exported to nbaccel's state and Accelerate (default: no)"}, one_shot=True),
+    Option(
+        ("--start-method",),
+        {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe"},
+        one_shot=True,
+    ),
+)
+
+CELL_OPTIONS: tuple[Option, ...] = (
+    Option(("--timeout",), {"type": seconds, "metavar": "SECONDS", "help": "stop the cell after this many seconds (running workers stay)"}),
+    Option(("--max-restarts",), {"type": non_negative_int, "metavar": "K", "help": "relaunch every rank after a failure, up to K times (default: 0)"}, one_shot=True),
+    Option(("--ranks",), {"type": rank_list, "metavar": "0,2", "help": "with running workers: run the cell on these ranks only; its result is the lowest one's value"}),
+    Option(("-o", "--out"), {"type": variable_name, "metavar": "NAME", "help": "store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)"}),
+    Option(("--text",), {"action": "store_true", "help": "show output as text lines labelled [rank N]"}),
+    Option(("--widgets",), {"action": "store_true", "help": "show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)"}),
+)
+
+# The LaunchOptions fields a magic's options set (-o, --ranks, --text, --widgets are the cell's own).
+_LAUNCH_DESTS = tuple(field.name for field in fields(LaunchOptions))
+_NOT_GIVEN = (None, False)  # an option left out; "is" compared: --max-restarts 0 is given
+
+
+def add_options(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Declare ``options`` on ``parser``, in their order."""
+    for option in options:
+        parser.add_argument(*option.flags, **option.settings)
+
+
+def options_decorator(options: Sequence[Option]) -> Callable[[F], F]:
+    """``@magic_arguments.argument(...)`` for each of ``options``, listed in their order in the help."""
+
+    def decorate(function: F) -> F:
+        for option in reversed(options):  # IPython lists decorators bottom-up; this keeps the declared order
+            function = magic_arguments.argument(*option.flags, **option.settings)(function)
+        return function
+
+    return decorate
+
+
+def launch_options(args: argparse.Namespace, command: str) -> tuple[LaunchOptions, tuple[str, ...]]:
+    """The checked `LaunchOptions` that the launch options in ``args`` stand for, and which were given.
+
+    Options left out keep LaunchOptions' defaults, and are not among the names returned, so the
+    launcher's or pool's defaults decide for them. A contradiction between options (``--gpus``
+    with ``--cpu``) is a one-line UsageError naming ``command``, before anything starts.
+    """
+    given = {dest: getattr(args, dest) for dest in _LAUNCH_DESTS if not any(getattr(args, dest, None) is absent for absent in _NOT_GIVEN)}
+    try:
+        return LaunchOptions(**given), tuple(given)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{command}: {error}") from None
+
+
+def start_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``start_workers`` keyword arguments of ``%distributed start``'s options (via `LaunchOptions`)."""
+    options, given = launch_options(args, "%distributed start")
+    return {name: getattr(options, name) for name in given}
+
+
+def unsplittable(command: str, line: str, error: ValueError) -> UsageError:
+    """The UsageError for a magic line that shell-style splitting refuses (an unclosed quote)."""
+    return UsageError(
+        f"{command} {line.strip()}: {error}, so the line cannot be split into options; "
+        "close every quote, or escape a lone one with a backslash."
+    )
+
+
 def output_mode(args: argparse.Namespace) -> str | None:
     """``"text"``, ``"widgets"`` or None (let ``NBACCEL_OUTPUT`` decide) from --text / --widgets."""
     if args.text and args.widgets:
@@ -93,17 +186,12 @@ def output_mode(args: argparse.Namespace) -> str | None:
 def launcher_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The ``notebook_launcher`` keyword arguments that parsed ``%%distributed`` options stand for.
 
-    Options left out are left out here too, so the launcher's defaults (and ``NBACCEL_OUTPUT``)
-    decide.
+    The options are checked together as a `LaunchOptions` first. Options left out are left out
+    here too, so the launcher's defaults (and ``NBACCEL_OUTPUT``) decide.
     """
     output = output_mode(args)
-    kwargs: dict[str, Any] = {}
-    for option in ("num_processes", "gpus", "mixed_precision", "start_method", "timeout", "max_restarts"):
-        value = getattr(args, option)
-        if value is not None:
-            kwargs[option] = value
-    if args.cpu:
-        kwargs["cpu"] = True
+    options, given = launch_options(args, "%%distributed")
+    kwargs: dict[str, Any] = {name: getattr(options, name) for name in given}
     if output is not None:
         kwargs["output"] = output
     return kwargs
@@ -121,7 +209,8 @@ def check_one_shot(args: argparse.Namespace) -> None:
 
 def check_for_workers(args: argparse.Namespace, num_processes: int) -> None:
     """Refuse launch options the running workers fixed when they started, and ranks outside them."""
-    given = [spelled for dest, spelled in ONE_SHOT_OPTIONS.items() if getattr(args, dest, None) not in (None, False)]
+    one_shot = (o for o in (*LAUNCH_OPTIONS, *CELL_OPTIONS) if o.one_shot)
+    given = [o.spelled for o in one_shot if getattr(args, o.dest, None) not in (None, False)]
     if given:
         raise UsageError(
             f"{', '.join(given)} only apply to one-shot launches, but {num_processes} workers are running "

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nbaccel.wire import events
 from nbaccel.notebook.cell import PoolCell
+from nbaccel.wire import events
 
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool

@@ -19,9 +19,7 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from nbaccel.launch.options import MIXED_PRECISIONS
-from nbaccel.notebook.options import gpu_list, non_negative_int, positive_int, variable_name
-from nbaccel.launch.options import START_METHODS
+from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, unsplittable, variable_name
 
 COMMANDS = ("start", "stop", "restart", "status", "push", "pull")
 
@@ -43,11 +41,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
 
 def _add_start(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     start = commands.add_parser("start", help="fork N workers and join their process group (returns when every rank is ready)")
-    start.add_argument("-n", "--num-processes", type=positive_int, metavar="N", help="ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)")
-    start.add_argument("--gpus", type=gpu_list, metavar="0,2,3", help="CUDA devices to use, one rank each (default: the first N)")
-    start.add_argument("--cpu", action="store_true", help="run CPU ranks on gloo even where GPUs are visible")
-    start.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, help="exported to nbaccel's state and Accelerate (default: no)")
-    start.add_argument("--start-method", choices=START_METHODS, help="fork the kernel (the ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces)")
+    add_options(start, LAUNCH_OPTIONS)  # the same options, declared once, as a one-shot %%distributed cell's
 
 
 def _add_transfers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -79,7 +73,7 @@ def parse(line: str) -> argparse.Namespace:
     try:
         return parser().parse_argstring(line)
     except ValueError as error:  # shlex: "No closing quotation"
-        raise UsageError(f"%distributed {line.strip()}: {error}") from None
+        raise unsplittable("%distributed", line, error) from None
 
 
 def help_text() -> str:

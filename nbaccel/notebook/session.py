@@ -1,13 +1,14 @@
 """The notebook's persistent workers, as the ``%distributed`` commands drive them.
 
 One pool per IPython shell (held by its magics), started with the notebook's namespace as every
-rank's first namespace. Each command is a small method; mistakes a user can fix are one-line
+rank's first namespace. Each command is a small method; what it did is said with
+``nbaccel.launch.notices.say`` (stdout; NBACCEL_QUIET=1 silences it); mistakes a user can fix are one-line
 ``UsageError``s, and what the workers raise while running code (a failing or crashing rank) is
 left as it is.
 
 Example (in a notebook)::
 
-    %distributed start -n 2      # workers = NotebookWorkers(user_ns); workers.start(args)
+    %distributed start -n 2      # workers = NotebookWorkers(user_ns, start_workers); workers.start(args)
     %distributed push data
     %distributed status
     %distributed stop
@@ -16,25 +17,33 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from nbaccel.launch.notices import say
+from nbaccel.notebook.options import start_options
+
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool, WorkerStatus
 
-_START_OPTIONS = ("num_processes", "gpus", "mixed_precision", "start_method")
 NO_WORKERS = "no workers running: start them with %distributed start [-n N]"
 
 
-class NotebookWorkers:
-    """At most one running pool for the notebook whose variables ``namespace()`` returns."""
+StartPool = Callable[..., "WorkerPool"]  # start_workers' shape: (num_processes=, cpu=, namespace=, ...) -> a pool
 
-    def __init__(self, namespace: Callable[[], dict[str, Any]]) -> None:
+
+class NotebookWorkers:
+    """At most one running pool for the notebook whose variables ``namespace()`` returns.
+
+    ``start_pool`` starts it (``nbaccel.start_workers``, or a stand-in a test passes).
+    """
+
+    def __init__(self, namespace: Callable[[], dict[str, Any]], start_pool: StartPool) -> None:
         self._namespace = namespace
+        self._start_pool = start_pool
         self.pool: WorkerPool | None = None  # kept after a crash, so `restart` knows the options
         self.mode: str | None = None  # how the last %%distributed cell ran: "workers" or "one-shot"
 
@@ -70,13 +79,11 @@ class NotebookWorkers:
                 f"{running.num_processes} workers are already running: %distributed stop first "
                 "(or %distributed restart for fresh ones with the same options)."
             )
-        from nbaccel import start_workers
         from nbaccel.errors import PreflightError
 
-        options = {name: getattr(args, name) for name in _START_OPTIONS if getattr(args, name) is not None}
         started = time.monotonic()
         try:
-            self.pool = start_workers(cpu=args.cpu, namespace=self.user_ns, **options)
+            self.pool = self._start_pool(namespace=self.user_ns, **start_options(args))
         except (ValueError, TypeError, PreflightError) as error:  # refused before any rank started
             raise UsageError(f"%distributed start: {error}") from None
         self._say_ready(time.monotonic() - started)
@@ -84,10 +91,10 @@ class NotebookWorkers:
     def stop(self, args: argparse.Namespace | None = None) -> None:
         pool, self.pool = self.pool, None
         if pool is None or not pool.alive:
-            print(f"nbaccel: {NO_WORKERS}")
+            say(NO_WORKERS)
             return
         pool.stop()
-        print(f"nbaccel: {pool.num_processes} workers stopped; %%distributed cells are one-shot launches again")
+        say(f"{pool.num_processes} workers stopped; %%distributed cells are one-shot launches again")
 
     def restart(self, args: argparse.Namespace | None = None) -> None:
         if self.pool is None:
@@ -101,20 +108,20 @@ class NotebookWorkers:
         pool, self.pool = self.pool, None
         if pool is not None and pool.alive:
             pool.stop()
-            print(f"nbaccel: stopped the {pool.num_processes} workers of the unloaded extension", file=sys.stderr)
+            say(f"stopped the {pool.num_processes} workers of the unloaded extension")
 
     def _say_ready(self, took: float, fresh: bool = False) -> None:
         assert self.pool is not None
         devices = sorted(set(self.pool.devices))
         where = ", ".join(devices)
         state = "fresh namespaces" if fresh else "%%distributed cells run on them"
-        print(f"nbaccel: {self.pool.num_processes} workers ready on {where} in {took:.2f} s; {state} until %distributed stop")
+        say(f"{self.pool.num_processes} workers ready on {where} in {took:.2f} s; {state} until %distributed stop")
         if not fresh and self.pool.start_method != "fork":
             # auto falls back to spawn when CUDA is initialised here: the notebook's names are not there
-            print("nbaccel: spawned workers start with empty namespaces: %distributed push what the cells need")
+            say("spawned workers start with empty namespaces: %distributed push what the cells need")
 
     def one_shot_note(self, num_processes: int) -> str | None:
-        """The line that says a cell is a one-shot launch: only when the mode changes.
+        """The notice that says a cell is a one-shot launch: only when the mode changes.
 
         The first one-shot cell of a session says it, and so does the first one after workers
         stopped or broke; a notebook that never starts workers is told once, not every cell.
@@ -124,13 +131,14 @@ class NotebookWorkers:
         self.mode = "one-shot"
         ended = " (stopped after a failure)" if self.pool is not None else ""
         of = f" of {num_processes} ranks" if num_processes else ""
-        return f"nbaccel: no workers running{ended}; one-shot launch{of}"
+        return f"no workers running{ended}; one-shot launch{of}"
 
     # -- inspection and transfers ----------------------------------------------------------------
 
     def status(self, args: argparse.Namespace | None = None) -> None:
         if self.running() is None:
             ended = self.pool is not None  # torn down after a failure, not stopped by the user
+            # The answer to the command, not a notice: shown even with NBACCEL_QUIET=1.
             print(f"nbaccel: {NO_WORKERS}" + (" (or %distributed restart, with the same options)" if ended else ""))
             return
         print(status_table(self.require().status()))

@@ -283,7 +283,7 @@ class WorkerPool:
 def _import_rank_modules() -> None:
     """Import in the kernel, once, what every forked rank needs: each rank would import it again."""
     from nbaccel import state  # noqa: F401
-    from nbaccel.notebook import cell  # noqa: F401
+    from nbaccel.state import lazy  # noqa: F401  # every worker's predefined `state`
 
 
 def _pickle_by_value(value: Any) -> bytes:

@@ -75,10 +75,10 @@ class TaskInterrupts:
 
 
 def _namespace(seed: dict[str, Any] | None) -> dict[str, Any]:
-    from nbaccel.notebook.cell import LazyState
+    from nbaccel.state.lazy import LazyPartialState
 
     namespace = dict(seed) if seed else {"__name__": "__main__", "__builtins__": builtins}
-    namespace["state"] = LazyState()
+    namespace["state"] = LazyPartialState()  # a real PartialState, set up on first use
     return namespace
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kernel_harness import Kernel, running_kernel
+from tests.kernel_harness import Kernel
 
 pytest.importorskip("accelerate")
 
@@ -35,10 +35,8 @@ def upstream(name):
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
-        assert k.execute(DEFINE).status == "ok"
-        yield k
+def kernel_setup() -> str:
+    return DEFINE
 
 
 @pytest.mark.parametrize("script", ["test_ops", "test_sync", "test_script"])

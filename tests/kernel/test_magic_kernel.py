@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kernel_harness import Execution, Kernel, running_kernel
 from nbaccel.testing import nbaccel_frames
+from tests.kernel_harness import Execution, Kernel, running_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
-        assert k.execute("%load_ext nbaccel").status == "ok"
-        yield k
+def kernel_setup() -> str:
+    return "%load_ext nbaccel"
 
 
 def _no_ranks_left(kernel: Kernel) -> None:
@@ -27,6 +24,11 @@ def _no_ranks_left(kernel: Kernel) -> None:
 def _result_text(run: Execution) -> str | None:
     results = run.of_type("execute_result")
     return results[0]["content"]["data"]["text/plain"] if results else None
+
+
+def rank_lines(run: Execution) -> list[str]:
+    """The cell's output lines from the ranks (not nbaccel's own notices, such as "one-shot launch")."""
+    return [line for line in run.stdout.splitlines() if not line.startswith("nbaccel: ")]
 
 
 def _traceback(run: Execution) -> str:
@@ -48,7 +50,7 @@ def test_the_cell_runs_on_every_rank_with_labelled_output_and_rank_0s_value_as_o
         "state.process_index + 100"
     )
     assert run.status == "ok", run.stderr
-    assert sorted(run.stdout.splitlines()) == ["[rank 0] hello from rank 0 of 2, sum 3", "[rank 1] hello from rank 1 of 2, sum 3"]
+    assert sorted(rank_lines(run)) == ["[rank 0] hello from rank 0 of 2, sum 3", "[rank 1] hello from rank 1 of 2, sum 3"]
     assert _result_text(run) == "100"
     _no_ranks_left(kernel)
 
@@ -86,13 +88,15 @@ def test_a_failing_rank_makes_the_cell_fail_naming_the_rank_and_the_cells_line(k
 
 def test_a_syntax_error_fails_the_cell_at_once_without_starting_a_rank(kernel: Kernel) -> None:
     spy = kernel.execute(
-        "import nbaccel.launcher as _launcher\n"
+        "from nbaccel.notebook.magics import register as _register\n"
+        "import nbaccel\n"
         "_calls = []\n"
-        "_real = _launcher.notebook_launcher\n"
-        "_launcher.notebook_launcher = lambda *a, **k: _calls.append(1) or _real(*a, **k)"
+        "_register(get_ipython(), launch=lambda *a, **k: _calls.append(1) or nbaccel.notebook_launcher(*a, **k))"
     )
-    assert spy.status == "ok"
+    assert spy.status == "ok", spy.error
     try:
+        assert kernel.execute("%%distributed -n 2\n1").status == "ok"
+        assert kernel.execute("print(len(_calls))").stdout == "1\n"  # the spy sees launches
         run = kernel.execute("%%distributed -n 2\nprint('never')\nx = (\n")
         assert run.status == "error"
         assert run.error["ename"] == "CellSyntaxError"
@@ -100,9 +104,9 @@ def test_a_syntax_error_fails_the_cell_at_once_without_starting_a_rank(kernel: K
         assert "SyntaxError" in text and "x = (" in text and "line 3" in text
         assert nbaccel_frames(text) == []
         assert run.stdout == ""
-        assert kernel.execute("print(len(_calls))").stdout == "0\n"
+        assert kernel.execute("print(len(_calls))").stdout == "1\n"
     finally:
-        kernel.execute("_launcher.notebook_launcher = _real")
+        kernel.execute("_register(get_ipython())")
 
 
 def test_a_wrong_option_is_a_one_line_usage_error(kernel: Kernel) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.kernel_harness import Kernel, running_kernel
+from tests.kernel_harness import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 
@@ -20,10 +18,8 @@ dist.all_reduce(t)
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
-        assert k.execute("%load_ext nbaccel").status == "ok"
-        yield k
+def kernel_setup() -> str:
+    return "%load_ext nbaccel"
 
 
 def test_a_timed_out_cell_names_each_ranks_cell_line(kernel: Kernel) -> None:

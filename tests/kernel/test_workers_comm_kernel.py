@@ -14,17 +14,15 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.kernel_harness import Execution, Kernel, running_kernel
+from tests.kernel_harness import Execution, Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 TARGET = "nbaccel.workers"
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
-    with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as k:
-        assert k.execute("%load_ext nbaccel\nimport torch").status == "ok"
-        yield k
+def kernel_setup() -> str:
+    return "%load_ext nbaccel\nimport torch"
 
 
 @pytest.fixture

@@ -1,16 +1,21 @@
-"""A real, test-configured IPython shell with nbaccel loaded, and a stand-in launcher."""
+"""A real, test-configured IPython shell with nbaccel loaded, and stand-ins handed to its magics.
+
+``ip`` has nbaccel's real magics (a real launch forks). ``launches`` / ``started`` register the
+magics again with stand-ins through their seams (tests/notebook/stand_ins.py): a one-shot cell
+runs rank 0 in this process, workers live in this process; the real magics come back after.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-import nbaccel.launcher
+from nbaccel.notebook.magics import DistributedMagics, register
+from tests.notebook.stand_ins import FakePool, Launches, Starts
 
 
 @pytest.fixture(scope="module")
@@ -34,29 +39,37 @@ def ip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InteractiveShell]:
             os.environ["IPYTHONDIR"] = saved
 
 
-class Launches(list):
-    """Every call the magic made to notebook_launcher: (cell function, keyword arguments)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.raises: BaseException | None = None
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        assert len(self) == 1, f"expected one launch, got {len(self)}"
-        return self[0][1]
+@pytest.fixture
+def stand_ins(ip: InteractiveShell) -> Iterator[tuple[Launches, Starts]]:
+    """The magics, registered with a stand-in launcher and pool; the real magics again afterwards."""
+    launches, starts = Launches(), Starts()
+    register(ip, launch=launches, start_pool=starts)
+    yield launches, starts
+    if "nbaccel" in ip.extension_manager.loaded:
+        register(ip)  # nbaccel's own launcher and pool (stops the stand-in workers)
 
 
 @pytest.fixture
-def launches(monkeypatch: pytest.MonkeyPatch) -> Launches:
-    """Replace notebook_launcher: rank 0 runs the cell in this process, "rank 1" returns a marker."""
-    calls = Launches()
+def launches(stand_ins: tuple[Launches, Starts]) -> Launches:
+    """Every one-shot launch the magic made (rank 0 ran the cell here)."""
+    return stand_ins[0]
 
-    def fake_launcher(function: Any, **kwargs: Any) -> list[Any]:
-        calls.append((function, kwargs))
-        if calls.raises is not None:
-            raise calls.raises
-        return [function(), "rank 1"]
 
-    monkeypatch.setattr(nbaccel.launcher, "notebook_launcher", fake_launcher)
-    return calls
+@pytest.fixture
+def started(stand_ins: tuple[Launches, Starts]) -> Starts:
+    """Every pool ``%distributed start`` made (FakePool)."""
+    return stand_ins[1]
+
+
+@pytest.fixture
+def pool(ip: InteractiveShell, started: Starts) -> FakePool:
+    """Two stand-in workers, started with ``%distributed start -n 2``."""
+    ip.run_line_magic("distributed", "start -n 2")
+    return started[0]
+
+
+def magics_of(ip: InteractiveShell) -> DistributedMagics:
+    """The magics instance the shell runs ``%%distributed`` with."""
+    magics = ip.magics_manager.registry[DistributedMagics.__name__]
+    assert isinstance(magics, DistributedMagics)
+    return magics

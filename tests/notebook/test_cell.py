@@ -1,20 +1,21 @@
 """nbaccel.notebook.cell: a cell's source becomes a function (no IPython, no processes except one spawn check)."""
 
 from __future__ import annotations
-
 import __future__
+
 import linecache
 import pickle
 import subprocess
 import sys
 import traceback
+from collections.abc import Iterator
 
 import cloudpickle
 import pytest
 
 import nbaccel
-from nbaccel.notebook.cell import FUNCTION_NAME, Cell, LazyState, compile_cell
-from nbaccel.testing import nbaccel_frames
+from nbaccel.notebook.cell import FUNCTION_NAME, Cell, compile_cell
+from nbaccel.testing import nbaccel_frames, reset_all_states, scaled
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -86,35 +87,36 @@ def test_future_flags_of_the_notebook_compiler_apply() -> None:
 # -- state ---------------------------------------------------------------------------------------
 
 
-class _FakeState:
-    made = 0
+@pytest.fixture
+def no_state() -> Iterator[None]:
+    """No process state set up in this process before the test, nor after it."""
+    reset_all_states()
+    yield
+    reset_all_states()
 
-    def __init__(self) -> None:
-        type(self).made += 1
-        self.process_index = 7
 
-
-def test_state_is_predefined_and_made_only_when_the_cell_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_FakeState, "made", 0)
-    monkeypatch.setattr(nbaccel, "PartialState", _FakeState, raising=False)
+def test_state_is_nbaccels_partial_state_set_up_only_when_the_cell_reads_it(no_state: None) -> None:
+    assert compile_cell("isinstance(state, nbaccel.PartialState)", {"nbaccel": nbaccel})() is True
     assert compile_cell("1 + 1")() == 2
-    assert _FakeState.made == 0
-    assert compile_cell("repr(state)")() == "<state: nbaccel.PartialState, created on first use>"
-    assert _FakeState.made == 0
-    assert compile_cell("state.process_index")() == 7
-    assert _FakeState.made == 1
+    assert compile_cell("repr(state)")() == "<state: nbaccel.PartialState, set up on first use>"
+    assert compile_cell("state.initialized")() is False  # nothing read yet: nothing set up
+    assert compile_cell("state.process_index, state.num_processes")() == (0, 1)
+    assert nbaccel.PartialState().initialized and compile_cell("state.initialized")()
+    assert "Num processes: 1" in compile_cell("repr(state)")()
 
 
-def test_the_lazy_state_pickles_to_a_fresh_stand_in_without_making_a_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_FakeState, "made", 0)
-    monkeypatch.setattr(nbaccel, "PartialState", _FakeState, raising=False)
-    copy = pickle.loads(pickle.dumps(LazyState()))
-    assert isinstance(copy, LazyState)
-    assert _FakeState.made == 0
+def test_state_outlives_a_reset_and_pickles_without_setting_anything_up(no_state: None) -> None:
+    cell = compile_cell("state.num_processes")
+    assert cell() == 1
+    reset_all_states()  # what a fork does to the kernel's state in a rank
+    assert cell() == 1  # set up again, not "made before _reset_state()"
+    reset_all_states()
+    copy = pickle.loads(pickle.dumps(compile_cell("state")()))
+    assert isinstance(copy, nbaccel.PartialState) and not copy.initialized
 
 
 def test_a_global_named_state_does_not_replace_nbaccels() -> None:
-    assert isinstance(compile_cell("state", {"state": "the notebook's"})(), LazyState)
+    assert isinstance(compile_cell("state", {"state": "the notebook's"})(), nbaccel.PartialState)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -196,7 +198,7 @@ def test_a_cell_runs_in_a_fresh_interpreter_and_its_traceback_shows_its_lines() 
         "cell = pickle.loads(sys.stdin.buffer.read())\n"
         "try:\n    cell()\nexcept RuntimeError:\n    traceback.print_exc()\n"
     )
-    done = subprocess.run([sys.executable, "-c", child], input=cloudpickle.dumps(cell), capture_output=True, timeout=20)
+    done = subprocess.run([sys.executable, "-c", child], input=cloudpickle.dumps(cell), capture_output=True, timeout=scaled(20))
     err = done.stderr.decode()
     assert f'"{cell.filename}", line 4, in {FUNCTION_NAME}' in err
     assert "raise RuntimeError(values)" in err

@@ -39,3 +39,31 @@ def test_a_spawned_rank_fails_with_the_cells_line_in_its_traceback(ip: Interacti
     # The cell travelled by its source: its file name and its own line survive in the spawned rank.
     assert ", line 4, in distributed_cell" in error.remote_traceback
     assert "check(int(os.environ['RANK']))" in error.remote_traceback
+
+
+def test_state_is_nbaccels_partial_state_on_every_rank_and_a_cell_that_ignores_it_makes_no_group(ip: InteractiveShell) -> None:
+    cell = (
+        "%%distributed -n 2 --text -o seen\n"
+        "import nbaccel, torch.distributed as dist\n"
+        "untouched = dist.is_initialized()\n"
+        "kind = isinstance(state, nbaccel.PartialState)\n"
+        "still_untouched = dist.is_initialized()\n"
+        "(untouched, kind, still_untouched, state.process_index, dist.is_initialized())"
+    )
+    result = ip.run_cell(cell, store_history=True)
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["seen"] == [(False, True, False, 0, True), (False, True, False, 1, True)]
+    ignored = ip.run_cell("%%distributed -n 2 --text -o groups\nimport torch.distributed as dist\ndist.is_initialized()", store_history=True)
+    assert ignored.success and ip.user_ns["groups"] == [False, False]
+
+
+def test_a_cell_that_makes_its_own_group_first_still_gets_a_working_state(ip: InteractiveShell) -> None:
+    cell = (
+        "%%distributed -n 2 --text -o seen\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "(state.num_processes, state.process_index)"
+    )
+    result = ip.run_cell(cell, store_history=True)
+    assert result.success, result.error_in_exec
+    assert ip.user_ns["seen"] == [(2, 0), (2, 1)]

@@ -6,12 +6,12 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbaccel.notebook.cell import Cell, LazyState
+import nbaccel
 from nbaccel.errors import PreflightError, RankFailedError
+from nbaccel.notebook.cell import Cell
 from nbaccel.notebook.magics import CellSyntaxError, DistributedMagics
-
-from .conftest import Launches
 from nbaccel.testing import nbaccel_frames
+from tests.notebook.stand_ins import Launches
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,6 +74,7 @@ def test_variables_in_the_magic_line_are_expanded(ip: InteractiveShell, launches
         ("--bogus", "unrecognized arguments: --bogus"),
         ("4", "unrecognized arguments: 4"),
         ("--text --widgets", "--text and --widgets contradict each other"),
+        ("--gpus 0 --cpu", "%%distributed: gpus and cpu=True contradict each other"),  # checked by LaunchOptions
         ("-o 'unclosed", "No closing quotation"),
     ],
 )
@@ -139,7 +140,7 @@ def test_a_trailing_semicolon_hides_the_result(ip: InteractiveShell, launches: L
 def test_the_cell_sees_the_notebooks_globals_and_state(ip: InteractiveShell, launches: Launches) -> None:
     ip.run_cell("def double(v):\n    return 2 * v\nbase = 20", store_history=True)
     assert ip.run_cell("%%distributed\ndouble(base) + 2").result == 42
-    assert isinstance(ip.run_cell("%%distributed\nstate").result, LazyState)
+    assert isinstance(ip.run_cell("%%distributed\nstate").result, nbaccel.PartialState)
 
 
 def test_ipython_syntax_in_the_cell_works_as_in_any_cell(ip: InteractiveShell, launches: Launches) -> None:
@@ -185,7 +186,7 @@ def _frames(tb):  # type: ignore[no-untyped-def]
 def test_help_lists_every_option(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_cell("%%distributed?")
     text = capsys.readouterr().out
-    assert "%distributed [-n N]" in text
+    assert "%%distributed [-n N]" in text
     for option in ("--num-processes N", "--gpus", "--cpu", "--mixed-precision", "--start-method", "--timeout SECONDS", "--max-restarts K", "--out NAME", "--text", "--widgets"):
         assert option in text, option
     assert "state" in text and "last expression" in text
@@ -208,13 +209,13 @@ def test_unload_removes_the_magic_and_load_brings_it_back(ip: InteractiveShell) 
     assert ip.find_cell_magic("distributed") is not None
 
 
-def test_lazy_magics_config_loads_nbaccel_on_first_use(ip: InteractiveShell, launches: Launches) -> None:
+def test_lazy_magics_config_loads_nbaccel_on_first_use(ip: InteractiveShell) -> None:
     ip.run_line_magic("unload_ext", "nbaccel")
     manager = ip.magics_manager
     saved = dict(manager.lazy_magics)
     manager.lazy_magics = {"distributed": "nbaccel"}
     try:
-        assert ip.run_cell("%%distributed\n6 * 7").result == 42
+        assert ip.run_cell("%%distributed -n 2 --text\n6 * 7").result == 42  # real ranks: a fresh load has nbaccel's launcher
         assert "nbaccel" in ip.extension_manager.loaded
     finally:
         manager.lazy_magics = saved

@@ -1,8 +1,8 @@
 """nbaccel.notebook.cell.compile_pool_cell and nbaccel.notebook.pool_cells: a cell for persistent workers, in-process."""
 
 from __future__ import annotations
-
 import __future__
+
 import linecache
 import pickle
 import subprocess
@@ -14,8 +14,10 @@ import cloudpickle
 import pytest
 import torch
 
-from nbaccel.notebook.cell import LazyState, PoolCell, compile_pool_cell
+import nbaccel
+from nbaccel.notebook.cell import PoolCell, compile_pool_cell, predefined_state
 from nbaccel.notebook.pool_cells import CellTask, RankRepr, portable
+from nbaccel.testing import scaled
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,11 +26,11 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_names_the_cell_assigns_persist_in_the_namespace_for_the_next_cell() -> None:
-    namespace: dict = {"state": LazyState()}
+    namespace: dict = {"state": predefined_state()}
     assert compile_pool_cell("import math\nw = 20\ndef f(v):\n    return v + w\nclass K:\n    pass")(namespace) is None
     assert set(namespace) >= {"math", "w", "f", "K"}
     assert compile_pool_cell("w += 1\nf(21)")(namespace) == 42
-    assert isinstance(namespace["state"], LazyState)
+    assert isinstance(namespace["state"], nbaccel.PartialState)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +93,7 @@ def test_it_pickles_by_source_and_keeps_its_file_name_and_lines() -> None:
 def test_an_unpickled_cell_shows_its_lines_in_a_fresh_interpreter() -> None:
     payload = cloudpickle.dumps(compile_pool_cell("z = 3\nraise KeyError('fresh')", header="%%distributed"))
     script = "import pickle, sys, traceback\ncell = pickle.loads(sys.stdin.buffer.read())\ntry:\n    cell({})\nexcept KeyError:\n    traceback.print_exc()"
-    done = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, timeout=20)
+    done = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, timeout=scaled(20))
     assert ", line 3, in <module>" in done.stderr.decode() and "raise KeyError('fresh')" in done.stderr.decode()
 
 

@@ -1,105 +1,29 @@
 """%distributed and %%distributed's routing, in a real IPython shell with a stand-in worker pool.
 
-The stand-in runs each task in-process, once per rank, after a cloudpickle round trip (as the
-real pool sends it), so names persist per rank exactly as on real workers.
+The stand-in (tests/notebook/stand_ins.FakePool) runs each task in-process, once per rank, after
+a cloudpickle round trip (as the real pool sends it), so names persist per rank as on real workers.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-from types import SimpleNamespace
 from typing import Any
 
-import cloudpickle
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-import nbaccel
 from nbaccel.notebook import pool_commands as worker_commands
-from nbaccel.notebook.cell import LazyState
-from nbaccel.notebook.session import NotebookWorkers
-from nbaccel.pool import WorkerStatus
-
-from .conftest import Launches
+from tests.notebook.conftest import magics_of
+from tests.notebook.stand_ins import FakePool, Launches, Starts
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class FakePool:
-    """What the magics use of a WorkerPool; every rank's namespace lives in this process."""
-
-    def __init__(self, num_processes: int = 2, **options: Any) -> None:
-        self.options = options
-        self.start_method = options.get("start_method", "fork")
-        self.num_processes = num_processes
-        self.devices = ["cpu"] * num_processes
-        self.alive = True
-        self.restarted = 0
-        self.namespaces: list[dict[str, Any]] = [{"state": LazyState()} for _ in range(num_processes)]
-        self.calls: list[dict[str, Any]] = []
-
-    def run_task(self, task: Any, ranks: Any = None, timeout: Any = None, output: Any = None, label: str = "") -> Any:
-        self.calls.append({"ranks": ranks, "timeout": timeout, "output": output, "label": label})
-        task = pickle.loads(cloudpickle.dumps(task))
-        chosen = range(self.num_processes) if ranks is None else ranks
-        answers = {rank: self._on_rank(rank, task) for rank in chosen}
-        self.last_answers = answers
-        return [answers[rank] for rank in chosen] if ranks is None else answers
-
-    def _on_rank(self, rank: int, task: Any) -> Any:
-        saved = os.environ.get("RANK")
-        os.environ["RANK"] = str(rank)
-        try:
-            return pickle.loads(cloudpickle.dumps(task(self.namespaces[rank])))
-        finally:
-            os.environ.pop("RANK") if saved is None else os.environ.__setitem__("RANK", saved)
-
-    def push(self, **values: Any) -> None:
-        for namespace in self.namespaces:
-            namespace.update(values)
-
-    def pull(self, name: str, rank: int = 0) -> Any:
-        if name not in self.namespaces[rank]:
-            raise nbaccel.RankFailedError.__new__(nbaccel.RankFailedError)
-        return self.namespaces[rank][name]
-
-    def status(self) -> list[WorkerStatus]:
-        return [WorkerStatus(r, 1000 + r, "cpu", "idle", 100.0, None, self.calls[-1]["label"] if self.calls else "") for r in range(self.num_processes)]
-
-    def stop(self) -> None:
-        self.alive = False
-
-    def restart(self) -> FakePool:
-        self.alive, self.restarted = True, self.restarted + 1
-        self.namespaces = [{"state": LazyState()} for _ in range(self.num_processes)]
-        return self
-
-
-def magics_workers(ip: InteractiveShell) -> NotebookWorkers:
-    return ip.magics_manager.registry["DistributedMagics"].workers
-
-
-@pytest.fixture
-def started(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> list[FakePool]:
-    """``nbaccel.start_workers`` replaced by FakePool; the pools it made (stopped afterwards)."""
-    made: list[FakePool] = []
-
-    def fake_start(num_processes: int | None = None, **options: Any) -> FakePool:
-        made.append(FakePool(num_processes or 2, **options))
-        return made[-1]
-
-    monkeypatch.setattr(nbaccel, "start_workers", fake_start, raising=False)
-    yield made
-    workers = magics_workers(ip)
-    workers.pool, workers.mode = None, None
-
-
-@pytest.fixture
-def pool(ip: InteractiveShell, started: list[FakePool]) -> FakePool:
-    ip.run_line_magic("distributed", "start -n 2")
-    return started[0]
+def notices(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """nbaccel's notices printed since the last call (on stdout, where every notice goes)."""
+    captured = capsys.readouterr()
+    assert "nbaccel:" not in captured.err
+    return [line for line in captured.out.splitlines() if line.startswith("nbaccel:")]
 
 
 def cell(ip: InteractiveShell, code: str) -> Any:
@@ -131,6 +55,7 @@ def test_commands_and_options_are_parsed() -> None:
         ("start -n 0", "expected a whole number >= 1, got '0'"),
         ("start --gpus a,b", "expected device indices"),
         ("start --mixed-precision fp3", "invalid choice: 'fp3'"),
+        ("start --gpus 0 --cpu", "%distributed start: gpus and cpu=True contradict each other"),
         ("stop now", "unrecognized arguments: now"),
         ("push", "required: NAME"),
         ("push 1x", "expected a Python variable name, got '1x'"),
@@ -138,7 +63,7 @@ def test_commands_and_options_are_parsed() -> None:
         ("pull 'x", "No closing quotation"),
     ],
 )
-def test_wrong_input_is_a_one_line_usage_error(ip: InteractiveShell, started: list[FakePool], line: str, words: str) -> None:
+def test_wrong_input_is_a_one_line_usage_error(ip: InteractiveShell, started: Starts, line: str, words: str) -> None:
     with pytest.raises(UsageError) as caught:
         ip.run_line_magic("distributed", line)
     assert words in str(caught.value) and "\n" not in str(caught.value)
@@ -159,7 +84,7 @@ def test_both_magics_are_registered(ip: InteractiveShell) -> None:
 # -- %distributed: commands -----------------------------------------------------------------------
 
 
-def test_start_passes_the_options_and_the_notebooks_namespace(ip: InteractiveShell, started: list[FakePool], capsys: pytest.CaptureFixture[str]) -> None:
+def test_start_passes_the_options_and_the_notebooks_namespace(ip: InteractiveShell, started: Starts, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_line_magic("distributed", "start -n 3 --mixed-precision bf16 --cpu")
     assert started[0].num_processes == 3
     assert started[0].options == {"cpu": True, "mixed_precision": "bf16", "namespace": ip.user_ns}
@@ -171,16 +96,13 @@ def test_start_while_workers_run_says_to_stop_or_restart_first(ip: InteractiveSh
         ip.run_line_magic("distributed", "start")
 
 
-def test_spawned_workers_say_their_namespaces_start_empty(ip: InteractiveShell, started: list[FakePool], capsys: pytest.CaptureFixture[str]) -> None:
+def test_spawned_workers_say_their_namespaces_start_empty(ip: InteractiveShell, started: Starts, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_line_magic("distributed", "start --start-method spawn")
     assert "spawned workers start with empty namespaces: %distributed push what the cells need" in capsys.readouterr().out
 
 
-def test_what_start_refuses_before_forking_is_a_usage_error(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise ValueError("num_processes=4 but only 2 GPU(s) are visible")
-
-    monkeypatch.setattr(nbaccel, "start_workers", refuse, raising=False)
+def test_what_start_refuses_before_forking_is_a_usage_error(ip: InteractiveShell, started: Starts) -> None:
+    started.raises = ValueError("num_processes=4 but only 2 GPU(s) are visible")
     with pytest.raises(UsageError, match=r"^%distributed start: num_processes=4 but only 2 GPU\(s\) are visible$"):
         ip.run_line_magic("distributed", "start -n 4")
 
@@ -202,7 +124,7 @@ def test_stop_restart_and_status(ip: InteractiveShell, pool: FakePool, capsys: p
 
 
 @pytest.mark.parametrize("line", ["push x", "pull x"])
-def test_push_and_pull_need_running_workers(ip: InteractiveShell, started: list[FakePool], line: str) -> None:
+def test_push_and_pull_need_running_workers(ip: InteractiveShell, started: Starts, line: str) -> None:
     ip.user_ns["x"] = 1
     with pytest.raises(UsageError, match=r"^no workers running: start them with %distributed start \[-n N\]\.$"):
         ip.run_line_magic("distributed", line)
@@ -241,7 +163,7 @@ def test_unloading_the_extension_stops_the_workers(ip: InteractiveShell, pool: F
     ip.run_line_magic("unload_ext", "nbaccel")
     ip.run_line_magic("load_ext", "nbaccel")
     assert not pool.alive
-    assert "stopped the 2 workers of the unloaded extension" in capsys.readouterr().err
+    assert "nbaccel: stopped the 2 workers of the unloaded extension\n" in capsys.readouterr().out
 
 
 # -- %%distributed: routing -----------------------------------------------------------------------
@@ -263,7 +185,7 @@ def test_only_rank_0s_value_travels_unless_out_asks_for_all(ip: InteractiveShell
     assert pool.last_answers == {0: "0", 1: "1"}
 
 
-def test_ranks_runs_on_some_ranks_result_is_the_lowest_and_out_a_dict(ip: InteractiveShell, started: list[FakePool]) -> None:
+def test_ranks_runs_on_some_ranks_result_is_the_lowest_and_out_a_dict(ip: InteractiveShell, started: Starts) -> None:
     ip.run_line_magic("distributed", "start -n 4")
     pool = started[0]
     assert cell(ip, "%%distributed --ranks 3,1 -o by_rank\nimport os\nran = True\nint(os.environ['RANK']) * 100") == 100
@@ -290,23 +212,23 @@ def test_ranks_outside_the_workers_are_a_usage_error(ip: InteractiveShell, pool:
         cell(ip, "%%distributed --ranks 1,2\n1")
 
 
-def test_ranks_without_workers_is_a_usage_error_and_nothing_starts(ip: InteractiveShell, started: list[FakePool], launches: Launches) -> None:
+def test_ranks_without_workers_is_a_usage_error_and_nothing_starts(ip: InteractiveShell, started: Starts, launches: Launches) -> None:
     with pytest.raises(UsageError, match=r"^--ranks 0 needs running workers, and none are running: start them with %distributed start -n N"):
         cell(ip, "%%distributed --ranks 0\n1")
     assert launches == []
 
 
-def test_a_one_shot_launch_says_so_once_and_again_after_workers_stop(ip: InteractiveShell, started: list[FakePool], launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
-    magics_workers(ip).mode = None  # a fresh session
+def test_a_one_shot_launch_says_so_once_and_again_after_workers_stop(ip: InteractiveShell, started: Starts, launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
+    magics_of(ip).workers.mode = None  # a fresh session
     cell(ip, "%%distributed -n 2\n1")
-    assert capsys.readouterr().err == "nbaccel: no workers running; one-shot launch of 2 ranks\n"
+    assert notices(capsys) == ["nbaccel: no workers running; one-shot launch of 2 ranks"]
     cell(ip, "%%distributed\n1")
-    assert capsys.readouterr().err == ""  # no news, no line
+    assert notices(capsys) == []  # no news, no line
     ip.run_line_magic("distributed", "start")
     cell(ip, "%%distributed\n1")
     started[0].alive = False  # torn down after a failure
     cell(ip, "%%distributed\n1")
-    assert capsys.readouterr().err == "nbaccel: no workers running (stopped after a failure); one-shot launch\n"
+    assert notices(capsys)[-1] == "nbaccel: no workers running (stopped after a failure); one-shot launch"
     assert len(launches) == 3
 
 
@@ -316,3 +238,14 @@ def test_a_syntax_error_on_workers_is_raised_in_the_kernel_and_nothing_runs(ip: 
     with pytest.raises(CellSyntaxError, match=r"line 3 of the cell"):
         cell(ip, "%%distributed\nok = 1\nx = (\n")
     assert pool.calls == []
+
+
+def test_nbaccel_quiet_silences_the_notices_not_the_answers(ip: InteractiveShell, started: Starts, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NBACCEL_QUIET", "1")
+    magics_of(ip).workers.mode = None
+    cell(ip, "%%distributed -n 2\n1")  # would say "one-shot launch"
+    ip.run_line_magic("distributed", "start -n 2")  # would say "2 workers ready"
+    ip.run_line_magic("distributed", "stop")
+    assert notices(capsys) == []
+    ip.run_line_magic("distributed", "status")
+    assert notices(capsys) == ["nbaccel: no workers running: start them with %distributed start [-n N]"]  # asked for

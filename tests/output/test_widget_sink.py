@@ -21,10 +21,22 @@ from tests.output.conftest import CommLog, FakeClock, FakePublisher
 ERROR = RemoteError("ValueError", "boom", 'Traceback (most recent call last):\n  File "<cell>", line 3, in f\nValueError: boom\n', 1.0)
 
 
+_MADE: list[WidgetSink] = []
+
+
+@pytest.fixture(autouse=True)
+def _end_every_launch() -> object:
+    """End the launches a test left open, as the loop does, so their log folders unlock (the leak check sees fds)."""
+    yield
+    while _MADE:
+        _MADE.pop().launch_finished([])
+
+
 def _sink(publisher: FakePublisher, tmp_path: Path, clock: FakeClock | None = None, **kwargs: object) -> WidgetSink:
     options = {"publisher": publisher, "log_root": tmp_path / "logs", "clock": clock or FakeClock()}
     options.update(kwargs)
-    return WidgetSink(**options)  # type: ignore[arg-type]
+    _MADE.append(WidgetSink(**options))  # type: ignore[arg-type]
+    return _MADE[-1]
 
 
 

@@ -15,9 +15,8 @@ import pytest
 
 from nbaccel.state.data import padding_added
 from nbaccel.state.split import padded_length, shard_bounds
-
-from . import _rank_checks
-from ._launch import launch
+from tests.state import _rank_checks
+from tests.state._launch import launch
 
 WORLD_SIZES = (2, 3, 4)
 pytestmark = pytest.mark.timeout(90)
@@ -353,8 +352,7 @@ def two_machines() -> dict:
     rank = int(os.environ["RANK"])
     os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", NODE_RANK=str(rank // 2), GROUP_RANK=str(rank // 2))
     from nbaccel import PartialState
-
-    from ._rank_checks import printed
+    from tests.state._rank_checks import printed
 
     state = PartialState()
 
