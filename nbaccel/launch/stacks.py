@@ -24,7 +24,6 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nbaccel.launch.outcome import with_cell_names
