@@ -20,7 +20,8 @@ import pytest
 from tests.browser.jupyterlab_server import CHROMIUM, CHROMIUM_ARGS, Lab, jupyterlab
 from tests.browser.test_jupyterlab import _has_notebook7, _quiet_settings, _wait_for_kernel
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+# Chromium's crash handlers outlive the browser Playwright closes: they end as orphans of the test process.
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240), pytest.mark.orphans]
 nbformat = pytest.importorskip("nbformat")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed; run scripts/install-browser-deps.sh")
 

@@ -21,7 +21,8 @@ import pytest
 
 from tests.browser.jupyterlab_server import CHROMIUM, CHROMIUM_ARGS, Lab, jupyterlab
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+# Chromium's crash handlers outlive the browser Playwright closes: they end as orphans of the test process.
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180), pytest.mark.orphans]
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing; run scripts/install-browser-deps.sh to install Debian's chromium", allow_module_level=True)
