@@ -15,8 +15,8 @@ from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_callable
 from nbaccel.launch.plan import choose_starter, make_plan
-from nbaccel.output.choose import make_sink
 from nbaccel.launch.seam import Sink
+from nbaccel.output.choose import make_sink
 from nbaccel.rank.bootstrap import Job
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
 from nbaccel.launch.local import LocalLauncher
@@ -24,10 +24,9 @@ from nbaccel.launch.notices import say
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
 from nbaccel.launch.outcome import RankOutcome, Status, crash_status, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
-from nbaccel.launch.seam import LaunchPlan, Launcher, RankGroup
+from nbaccel.launch.seam import Launcher, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
-from nbaccel.launch.seam import Sink
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task
@@ -36,6 +35,9 @@ from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import rich
 from nbaccel.wire.events import Kind
 from nbaccel.wire.portable import Sourced
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
@@ -127,7 +129,7 @@ class WorkerPool:
         self._seed = None
         return self.start()
 
-    def __enter__(self) -> WorkerPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -208,7 +210,7 @@ class WorkerPool:
     def _check_ranks(self, ranks: Sequence[int] | None) -> list[int]:
         if ranks is None:
             return list(range(self.num_processes))
-        chosen = sorted(set(int(r) for r in ranks))
+        chosen = sorted({int(r) for r in ranks})
         outside = [r for r in chosen if not 0 <= r < self.num_processes]
         if not chosen or outside:
             raise ValueError(f"ranks {list(ranks)!r} are not all in this pool of {self.num_processes} ranks (0..{self.num_processes - 1}).")

@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 
 from nbaccel.errors import NbaccelError
-from nbaccel.state.partial import PartialState, StateResetError
 from nbaccel.state.launch_env import normalize_mixed_precision
+from nbaccel.state.partial import PartialState, StateResetError
 
 DEFAULT_DEEPSPEED_NAME = "default"
 _PLUGIN_NAMES = ("dynamo_plugin", "fsdp_plugin", "torch_tp_plugin", "megatron_lm_plugin", "parallelism_config")

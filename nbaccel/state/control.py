@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from nbaccel.state import default_group as process_group
 from nbaccel.errors import NbaccelError
+from nbaccel.state import default_group as process_group
 from nbaccel.state.split import split_for_process
 
 T = TypeVar("T")
