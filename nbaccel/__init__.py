@@ -8,7 +8,7 @@ Example:
     >>> def square_of_rank():
     ...     state = nbaccel.PartialState()
     ...     return state.process_index ** 2
-    >>> nbaccel.notebook_launcher(square_of_rank, num_processes=2)  # doctest: +SKIP
+    >>> nbaccel.notebook_launcher(square_of_rank, num_processes=2)
     [0, 1]
 
 In IPython, ``%load_ext nbaccel`` adds the ``%%distributed`` cell magic.

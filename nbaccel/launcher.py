@@ -76,7 +76,7 @@ def notebook_launcher(
         ...     import torch.distributed as dist
         ...     dist.init_process_group("gloo")
         ...     return dist.get_rank(), dist.get_world_size()
-        >>> notebook_launcher(rank_and_world, num_processes=2)  # doctest: +SKIP
+        >>> notebook_launcher(rank_and_world, num_processes=2)
         [(0, 2), (1, 2)]
     """
     started = time.monotonic()

@@ -1,7 +1,7 @@
 """Persistent workers: ranks forked once, with a process group and namespaces that live across cells.
 
 Example:
-    >>> with start_workers(2, cpu=True) as pool:  # doctest: +SKIP
+    >>> with start_workers(2, cpu=True) as pool:
     ...     pool.push(scale=10)
     ...     pool.run(lambda: int(os.environ["RANK"]))
     [0, 1]
@@ -169,10 +169,15 @@ class WorkerPool:
     def stacks(self) -> list[RankStack]:
         """Where every worker is now: each thread's Python stack and a one-line summary, by rank.
 
+        Between cells a rank's summary reads ``rank 0: idle, waiting for the next cell``.
+
         Example:
-            >>> for stack in pool.stacks():  # doctest: +SKIP
+            >>> pool = start_workers(2)
+            >>> for stack in pool.stacks():  # doctest: +ELLIPSIS
             ...     print(stack.summary)
-            rank 0: in `serve` ...
+            rank 0: ...
+            rank 1: ...
+            >>> pool.stop()
         """
         group = self._require_group()
         found = group.stacks(range(self.num_processes))
@@ -328,10 +333,10 @@ def start_workers(
             rank's stack is shown once (nothing is stopped); None turns this off.
 
     Example:
-        >>> pool = start_workers(2)  # doctest: +SKIP
-        >>> pool.run(lambda: 1)  # doctest: +SKIP
+        >>> pool = start_workers(2)
+        >>> pool.run(lambda: 1)
         [1, 1]
-        >>> pool.stop()  # doctest: +SKIP
+        >>> pool.stop()
     """
     check_timeout(start_timeout, "start_timeout")
     options = LaunchOptions(

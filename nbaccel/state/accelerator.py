@@ -177,7 +177,8 @@ class AcceleratorState(PartialState):
         """The DeepSpeed plugin called ``name``.
 
         Example:
-            >>> AcceleratorState().get_deepspeed_plugin("eval")  # doctest: +SKIP
+            >>> state = AcceleratorState(deepspeed_plugin={"train": "cfg-a", "eval": "cfg-b"})
+            >>> state.get_deepspeed_plugin("eval")
             'cfg-b'
         """
         plugins = self._configuration.deepspeed_plugins
@@ -191,7 +192,9 @@ class AcceleratorState(PartialState):
         ``name`` may be left out when there is exactly one plugin.
 
         Example:
-            >>> AcceleratorState().select_deepspeed_plugin("eval")  # doctest: +SKIP
+            >>> state = AcceleratorState(deepspeed_plugin={"train": "cfg-a", "eval": "cfg-b"})
+            >>> state.select_deepspeed_plugin("eval"); state.deepspeed_plugin
+            'cfg-b'
         """
         config = self._configuration
         if name is None:
