@@ -8,7 +8,7 @@ Example:
     >>> def square_of_rank():
     ...     state = nbaccel.PartialState()
     ...     return state.process_index ** 2
-    >>> nbaccel.notebook_launcher(square_of_rank, num_processes=2)  # doctest: +SKIP
+    >>> nbaccel.notebook_launcher(square_of_rank, num_processes=2)
     [0, 1]
 
 In IPython, ``%load_ext nbaccel`` adds the ``%%distributed`` cell magic.
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from nbaccel._version import __version__
 
 if TYPE_CHECKING:
-    from nbaccel.state.data import accumulate, prepare_data_loader
     from nbaccel.errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
     from nbaccel.launcher import notebook_launcher
     from nbaccel.pool import PoolStoppedError, WorkerPool, start_workers
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
         InitProcessGroupKwargs,
         PartialState,
     )
+    from nbaccel.state.data import accumulate, prepare_data_loader
 
 # Public name -> module that defines it. Imported on first use so that `import nbaccel` (and
 # `%load_ext nbaccel`) stays cheap and never touches CUDA.

@@ -15,8 +15,8 @@ from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_callable
 from nbaccel.launch.plan import choose_starter, make_plan
-from nbaccel.output.choose import make_sink
 from nbaccel.launch.seam import Sink
+from nbaccel.output.choose import make_sink
 from nbaccel.rank.bootstrap import Job
 
 T = TypeVar("T")
@@ -76,7 +76,7 @@ def notebook_launcher(
         ...     import torch.distributed as dist
         ...     dist.init_process_group("gloo")
         ...     return dist.get_rank(), dist.get_world_size()
-        >>> notebook_launcher(rank_and_world, num_processes=2)  # doctest: +SKIP
+        >>> notebook_launcher(rank_and_world, num_processes=2)
         [(0, 2), (1, 2)]
     """
     started = time.monotonic()

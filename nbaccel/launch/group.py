@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
-from nbaccel.wire.rank_env import rank_environment
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, RankStack, StackFiles
 from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events
+from nbaccel.wire.rank_env import rank_environment
 
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop

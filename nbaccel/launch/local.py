@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nbaccel.launch.group import LocalRankGroup
-from nbaccel.launch.seam import LaunchPlan, Launcher, RankStarter
+from nbaccel.launch.seam import Launcher, LaunchPlan, RankStarter
 from nbaccel.rank.bootstrap import Job
 
 

@@ -20,13 +20,16 @@ from __future__ import annotations
 import selectors
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from nbaccel.launch import warm
 from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
-from nbaccel.launch.seam import RankGroup
-from nbaccel.launch.seam import Sink
+from nbaccel.launch.seam import RankGroup, Sink
 from nbaccel.wire import rich
 from nbaccel.wire.events import Event, Kind
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 Order = tuple[int, int]  # (rank, source): rank 0 first, and its channel before its stdout
 
@@ -272,7 +275,7 @@ class SinkSession:
         self._announce = (num_processes, attempt, None if ranks is None else list(ranks))
         self._loop: EventLoop | None = None
 
-    def __enter__(self) -> SinkSession:
+    def __enter__(self) -> Self:
         num_processes, attempt, ranks = self._announce
         self.sink.launch_started(num_processes, attempt, ranks=ranks)
         return self

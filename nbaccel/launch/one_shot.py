@@ -20,8 +20,7 @@ from nbaccel.errors import LaunchTimeoutError, RankFailedError
 from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
-from nbaccel.launch.seam import LaunchPlan, Launcher
-from nbaccel.launch.seam import Sink
+from nbaccel.launch.seam import Launcher, LaunchPlan, Sink
 from nbaccel.rank.bootstrap import Job
 
 # (delay from the start of a stop, signal): how each kind of stop escalates.

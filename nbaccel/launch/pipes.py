@@ -11,6 +11,7 @@ Example:
     True
     >>> seen
     ['hello']
+    >>> parent.close(); close_child_ends(child)
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ Example:
 
 from __future__ import annotations
 
+from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import LaunchOptions
-from nbaccel.launch.seam import LaunchPlan, RankStarter
-from nbaccel.launch.fork import ForkStarter
-from nbaccel.launch.spawn import SpawnStarter
 from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, visible_gpu_count
+from nbaccel.launch.seam import LaunchPlan, RankStarter
+from nbaccel.launch.spawn import SpawnStarter
 
 DEFAULT_CPU_PROCESSES = 2
 

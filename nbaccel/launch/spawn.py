@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-from nbaccel.wire.portable import Sourced
 from nbaccel.rank.bootstrap import ChildEnds, Job
 from nbaccel.rank.spawn_entry import CHANNEL_FD, COMMANDS_FD
-
+from nbaccel.wire.portable import Sourced
 
 
 class SpawnStarter:

@@ -31,8 +31,8 @@ from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line
 
 __all__ = ["STACK_FILE_VARIABLE", "RankStack", "StackFiles", "summarise"]
 
-_THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):\s*$", re.M)
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)', re.M)
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):\s*$", re.MULTILINE)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)', re.MULTILINE)
 _LIBRARY = re.compile(r"([/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|[/\\]nbaccel[/\\]|^<frozen )")
 # Frames of nbaccel's engine in a rank: where the rank's own work starts (and, below it, the
 # kernel's stack that a fork inherits). User code is above them.

@@ -44,7 +44,10 @@ import linecache
 import tokenize
 import types
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 FUNCTION_NAME = "distributed_cell"
 STATE_NAME = "state"
@@ -138,7 +141,7 @@ class Cell(functools.partial):  # type: ignore[type-arg]
 
     # A partial, not a class with a Python __call__: calling it adds no frame of nbaccel's
     # between the worker and the cell, so a rank's traceback starts at the cell's own line.
-    def __new__(cls, function: types.FunctionType, source: str, header: str | None, filename: str, flags: int) -> Cell:
+    def __new__(cls, function: types.FunctionType, source: str, header: str | None, filename: str, flags: int) -> Self:
         self = super().__new__(cls, function)
         self.source = source
         self.header = header
@@ -208,7 +211,7 @@ class PoolCell:
         (42, True)
     """
 
-    __slots__ = ("_body", "_last", "source", "header", "filename", "flags")
+    __slots__ = ("_body", "_last", "filename", "flags", "header", "source")
 
     def __init__(self, body: types.CodeType, last: types.CodeType | None, source: str, header: str | None, filename: str, flags: int) -> None:
         self._body, self._last = body, last
@@ -216,7 +219,7 @@ class PoolCell:
 
     def __call__(self, namespace: dict[str, Any]) -> Any:
         exec(self._body, namespace)  # noqa: S102 - the user's own cell, in the user's own worker
-        return None if self._last is None else eval(self._last, namespace)  # noqa: S307
+        return None if self._last is None else eval(self._last, namespace)
 
     def __repr__(self) -> str:
         return f"<nbaccel pool cell {self.filename}>"
@@ -321,7 +324,7 @@ def _reject_yield(body: list[ast.stmt], filename: str, text: str) -> None:
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
             lines = text.splitlines()
             line = lines[node.lineno - 1] if node.lineno <= len(lines) else None
-            raise SyntaxError(
+            raise SyntaxError(  # noqa: TRY004 - Python's own error for a top-level yield
                 "'yield' outside function (a %%distributed cell runs as a function body, "
                 "but not as a generator)",
                 (filename, node.lineno, node.col_offset + 1, line),

@@ -84,7 +84,7 @@ class DistributedMagics(Magics):
 
     distributed_line.__doc__ = worker_commands.help_text()  # type: ignore[assignment]  # what %distributed? shows (Never: see above)
 
-    @magic_arguments.magic_arguments(name=f"%{MAGIC_NAME}")  # IPython adds one %: the help says %%distributed
+    @magic_arguments.magic_arguments(name=f"%{MAGIC_NAME}")  # type: ignore[no-untyped-call, untyped-decorator]  # unannotated; IPython adds one %: the help says %%distributed
     @options_decorator((*LAUNCH_OPTIONS, *CELL_OPTIONS))
     @cell_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub, as line_magic above
     def distributed_cell(self, line: str, cell: str) -> Any:
@@ -143,7 +143,8 @@ class DistributedMagics(Magics):
 
     def _parse(self, line: str) -> argparse.Namespace:
         try:
-            return magic_arguments.parse_argstring(self.distributed_cell, line)
+            parsed: argparse.Namespace = magic_arguments.parse_argstring(self.distributed_cell, line)  # type: ignore[no-untyped-call]  # unannotated: argparse's Namespace
+            return parsed
         except ValueError as error:  # shlex: "No closing quotation"
             raise unsplittable(f"%%{MAGIC_NAME}", line, error) from None
 
@@ -161,7 +162,7 @@ class DistributedMagics(Magics):
         # traceback line numbers still count from the magic's line, as the notebook shows the cell.
         header = f"%%{MAGIC_NAME} {line}".rstrip() + "\n" * blank
         try:
-            source = self.shell.transform_cell(cell)  # !cmd, %magic ... become Python, as in any cell
+            source = self.shell.transform_cell(cell)  # type: ignore[no-untyped-call]  # unannotated in IPython; !cmd, %magic ... become Python, as in any cell
             return compiler(source, header=header, cache=self._cache, flags=self.shell.compile.flags)
         except SyntaxError as error:
             raise CellSyntaxError(error, self.shell) from None

@@ -140,7 +140,7 @@ def options_decorator(options: Sequence[Option]) -> Callable[[F], F]:
 
     def decorate(function: F) -> F:
         for option in reversed(options):  # IPython lists decorators bottom-up; this keeps the declared order
-            function = magic_arguments.argument(*option.flags, **option.settings)(function)
+            function = magic_arguments.argument(*option.flags, **option.settings)(function)  # type: ignore[no-untyped-call]  # IPython's magic_arguments is unannotated
         return function
 
     return decorate

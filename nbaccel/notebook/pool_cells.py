@@ -8,9 +8,12 @@ value that cannot be pickled comes back as its text too, instead of failing a ce
 and tensors on a GPU arrive on the CPU (``nbaccel.wire.events`` pickles every result that way).
 
 Example:
-    >>> pool = nbaccel.start_workers(2)  # doctest: +SKIP
-    >>> run_cell(pool, compile_pool_cell("x = 41\\nx + 1"), ranks=None, collect=False)  # doctest: +SKIP
+    >>> import nbaccel
+    >>> from nbaccel.notebook.cell import compile_pool_cell
+    >>> pool = nbaccel.start_workers(2)
+    >>> run_cell(pool, compile_pool_cell("x = 41\\nx + 1"), ranks=None, collect=False)
     (42, None)
+    >>> pool.stop()
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def _add_transfers(commands: argparse._SubParsersAction) -> None:  # type: ignor
 @functools.lru_cache(maxsize=1)
 def parser() -> MagicArgumentParser:
     """The ``%distributed`` parser (built once)."""
-    main = MagicArgumentParser(prog="distributed", description=_DESCRIPTION)
+    main = MagicArgumentParser(prog="distributed", description=_DESCRIPTION)  # type: ignore[no-untyped-call]  # IPython's magic_arguments is unannotated
     commands = main.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     _add_start(commands)
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
@@ -71,7 +71,8 @@ def parse(line: str) -> argparse.Namespace:
     if not line.strip():
         raise UsageError(f"%distributed needs a command: {', '.join(COMMANDS)} (%distributed? explains each).")
     try:
-        return parser().parse_argstring(line)
+        parsed: argparse.Namespace = parser().parse_argstring(line)  # type: ignore[no-untyped-call]  # unannotated: argparse's Namespace
+        return parsed
     except ValueError as error:  # shlex: "No closing quotation"
         raise unsplittable("%distributed", line, error) from None
 

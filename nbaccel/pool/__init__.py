@@ -2,10 +2,10 @@
 
 Example:
     >>> import nbaccel
-    >>> pool = nbaccel.start_workers(2)  # doctest: +SKIP
-    >>> pool.run(lambda: __import__("os").environ["RANK"])  # doctest: +SKIP
+    >>> pool = nbaccel.start_workers(2)
+    >>> pool.run(lambda: __import__("os").environ["RANK"])
     ['0', '1']
-    >>> pool.stop()  # doctest: +SKIP
+    >>> pool.stop()
 """
 
 from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus, start_workers

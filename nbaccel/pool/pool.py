@@ -1,7 +1,7 @@
 """Persistent workers: ranks forked once, with a process group and namespaces that live across cells.
 
 Example:
-    >>> with start_workers(2, cpu=True) as pool:  # doctest: +SKIP
+    >>> with start_workers(2, cpu=True) as pool:
     ...     pool.push(scale=10)
     ...     pool.run(lambda: int(os.environ["RANK"]))
     [0, 1]
@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
 from nbaccel.launch.local import LocalLauncher
@@ -24,10 +24,9 @@ from nbaccel.launch.notices import say
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
 from nbaccel.launch.outcome import RankOutcome, Status, crash_status, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
-from nbaccel.launch.seam import LaunchPlan, Launcher, RankGroup
+from nbaccel.launch.seam import Launcher, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
-from nbaccel.launch.seam import Sink
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task
@@ -36,6 +35,9 @@ from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import rich
 from nbaccel.wire.events import Kind
 from nbaccel.wire.portable import Sourced
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
@@ -127,7 +129,7 @@ class WorkerPool:
         self._seed = None
         return self.start()
 
-    def __enter__(self) -> WorkerPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -167,10 +169,15 @@ class WorkerPool:
     def stacks(self) -> list[RankStack]:
         """Where every worker is now: each thread's Python stack and a one-line summary, by rank.
 
+        Between cells a rank's summary reads ``rank 0: idle, waiting for the next cell``.
+
         Example:
-            >>> for stack in pool.stacks():  # doctest: +SKIP
+            >>> pool = start_workers(2)
+            >>> for stack in pool.stacks():  # doctest: +ELLIPSIS
             ...     print(stack.summary)
-            rank 0: in `serve` ...
+            rank 0: ...
+            rank 1: ...
+            >>> pool.stop()
         """
         group = self._require_group()
         found = group.stacks(range(self.num_processes))
@@ -208,7 +215,7 @@ class WorkerPool:
     def _check_ranks(self, ranks: Sequence[int] | None) -> list[int]:
         if ranks is None:
             return list(range(self.num_processes))
-        chosen = sorted(set(int(r) for r in ranks))
+        chosen = sorted({int(r) for r in ranks})
         outside = [r for r in chosen if not 0 <= r < self.num_processes]
         if not chosen or outside:
             raise ValueError(f"ranks {list(ranks)!r} are not all in this pool of {self.num_processes} ranks (0..{self.num_processes - 1}).")
@@ -326,10 +333,10 @@ def start_workers(
             rank's stack is shown once (nothing is stopped); None turns this off.
 
     Example:
-        >>> pool = start_workers(2)  # doctest: +SKIP
-        >>> pool.run(lambda: 1)  # doctest: +SKIP
+        >>> pool = start_workers(2)
+        >>> pool.run(lambda: 1)
         [1, 1]
-        >>> pool.stop()  # doctest: +SKIP
+        >>> pool.stop()
     """
     check_timeout(start_timeout, "start_timeout")
     options = LaunchOptions(

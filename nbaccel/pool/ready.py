@@ -14,8 +14,7 @@ import time
 from nbaccel.errors import LaunchTimeoutError, RankFailedError
 from nbaccel.launch.loop import EventLoop, Policy
 from nbaccel.launch.outcome import RankOutcome, root_cause
-from nbaccel.launch.seam import RankGroup
-from nbaccel.launch.seam import Sink
+from nbaccel.launch.seam import RankGroup, Sink
 
 
 class Ready(Policy):

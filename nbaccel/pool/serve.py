@@ -18,8 +18,8 @@ import sys
 from typing import Any
 
 from nbaccel.errors import EngineStateError
-from nbaccel.wire import events
 from nbaccel.rank.bootstrap import ChildEnds, call_and_report
+from nbaccel.wire import events
 
 _DEFERRED_NOTE = (
     "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still "
@@ -44,7 +44,7 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
             if command is None or command.kind is events.Kind.STOP:
                 break
             task = command.value()
-            call_and_report(lambda: interrupts.run(task, namespace), ends.channel)
+            call_and_report(lambda: interrupts.run(task, namespace), ends.channel)  # noqa: B023 - called at once, in this iteration
     finally:
         restore()
     # Every rank joined the group before READY, so leaving needs no exit barrier here.

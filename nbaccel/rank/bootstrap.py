@@ -18,13 +18,14 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
-from nbaccel.wire import events
 from nbaccel.rank import accelerate_world, cpu_threads, heavy_imports, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
+from nbaccel.wire import events
 
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
 _EXIT_INTERRUPTED = 130
@@ -76,7 +77,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:
             traceback.print_exc()
-        except BaseException:  # noqa: BLE001
+        except BaseException:  # noqa: BLE001, S110 - stderr itself may be gone: the exit code still tells
             pass
     finally:
         flush_all()
@@ -116,7 +117,7 @@ def _forget_kernel_state() -> None:
         try:
             acc_state.AcceleratorState._reset_state(True)
             acc_state.GradientState._reset_state()
-        except Exception:  # noqa: BLE001 - best effort: only older/newer Accelerate lacks these
+        except Exception:  # noqa: BLE001, S110 - best effort: only older/newer Accelerate lacks these
             pass
     torch_cuda = sys.modules.get("torch.cuda")
     if torch_cuda is not None and hasattr(torch_cuda, "_cached_device_count"):

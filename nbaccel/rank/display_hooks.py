@@ -28,10 +28,9 @@ import struct
 import sys
 from typing import Any
 
-from nbaccel.wire import events
-from nbaccel.wire import rich
 from nbaccel.rank import progress_hooks as rank_progress
 from nbaccel.rank.import_hooks import when_imported
+from nbaccel.wire import events, rich
 
 _state: dict[str, Any] = {"fd": None}
 
@@ -59,7 +58,7 @@ def prepare() -> None:
     """
     try:
         rank_progress.prepare()
-    except Exception:  # noqa: BLE001 - a fork must never fail for this; the rank builds them itself
+    except Exception:  # noqa: BLE001, S110 - a fork must never fail for this; the rank builds them itself
         pass
 
 

@@ -24,9 +24,8 @@ import sys
 import time
 from typing import Any
 
-from nbaccel.wire import events
-from nbaccel.wire import rich
 from nbaccel.rank.import_hooks import when_imported
+from nbaccel.wire import events, rich
 
 MIN_INTERVAL = 0.05  # seconds between two events of one bar (tqdm itself defaults to 0.1)
 

@@ -29,7 +29,7 @@ def install(path: str | None) -> None:
     global _dump_file
     if not path:
         return
-    _dump_file = open(path, "a", encoding="utf-8")  # append: each dump lands where the kernel truncated
+    _dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the handler, for the rank's lifetime; append: each dump lands where the kernel truncated
     with open(last_line_path(path), "w", encoding="utf-8") as last:
         last.write(_outermost_frame_line())
     faulthandler.register(STACK_SIGNAL, file=_dump_file, all_threads=True, chain=False)

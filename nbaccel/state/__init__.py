@@ -13,10 +13,10 @@ Example:
 from __future__ import annotations
 
 from nbaccel.state.accelerator import AcceleratorState, PluginNotFoundError
+from nbaccel.state.control import FirstProcessFailedError
 from nbaccel.state.gradient import GradientState
 from nbaccel.state.partial import DistributedType, PartialState, StateResetError
 from nbaccel.state.plugins import GradientAccumulationPlugin, InitProcessGroupKwargs
-from nbaccel.state.control import FirstProcessFailedError
 
 __all__ = [
     "AcceleratorState",

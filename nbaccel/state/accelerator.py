@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 
 from nbaccel.errors import NbaccelError
-from nbaccel.state.partial import PartialState, StateResetError
 from nbaccel.state.launch_env import normalize_mixed_precision
+from nbaccel.state.partial import PartialState, StateResetError
 
 DEFAULT_DEEPSPEED_NAME = "default"
 _PLUGIN_NAMES = ("dynamo_plugin", "fsdp_plugin", "torch_tp_plugin", "megatron_lm_plugin", "parallelism_config")
@@ -177,7 +177,8 @@ class AcceleratorState(PartialState):
         """The DeepSpeed plugin called ``name``.
 
         Example:
-            >>> AcceleratorState().get_deepspeed_plugin("eval")  # doctest: +SKIP
+            >>> state = AcceleratorState(deepspeed_plugin={"train": "cfg-a", "eval": "cfg-b"})
+            >>> state.get_deepspeed_plugin("eval")
             'cfg-b'
         """
         plugins = self._configuration.deepspeed_plugins
@@ -191,7 +192,9 @@ class AcceleratorState(PartialState):
         ``name`` may be left out when there is exactly one plugin.
 
         Example:
-            >>> AcceleratorState().select_deepspeed_plugin("eval")  # doctest: +SKIP
+            >>> state = AcceleratorState(deepspeed_plugin={"train": "cfg-a", "eval": "cfg-b"})
+            >>> state.select_deepspeed_plugin("eval"); state.deepspeed_plugin
+            'cfg-b'
         """
         config = self._configuration
         if name is None:

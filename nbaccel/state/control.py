@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from nbaccel.state import default_group as process_group
 from nbaccel.errors import NbaccelError
+from nbaccel.state import default_group as process_group
 from nbaccel.state.split import split_for_process
 
 T = TypeVar("T")
@@ -85,6 +85,7 @@ class ProcessControl(abc.ABC):
         """Block until every process reaches this call; does nothing for one process.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> state.wait_for_everyone()  # e.g. before saving what every process trained
         """
@@ -99,6 +100,7 @@ class ProcessControl(abc.ABC):
         and raise ``FirstProcessFailedError`` instead of running the block (or waiting forever).
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> with state.main_process_first():
             ...     print(f"This will be printed by process {state.process_index}")
@@ -114,6 +116,7 @@ class ProcessControl(abc.ABC):
         Exception-safe like `main_process_first`.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> with state.local_main_process_first():
             ...     print(f"This will be printed by process {state.local_process_index}")
@@ -152,6 +155,7 @@ class ProcessControl(abc.ABC):
         Usable bare or called: ``@state.on_main_process`` and ``@state.on_main_process()``.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> @state.on_main_process
             ... def print_something():
@@ -165,6 +169,7 @@ class ProcessControl(abc.ABC):
         """Decorator: run the function on each machine's local main process only.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> @state.on_local_main_process
             ... def print_something():
@@ -178,6 +183,7 @@ class ProcessControl(abc.ABC):
         """Decorator: run the function on the last process only.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> @state.on_last_process
             ... def print_something():
@@ -193,6 +199,7 @@ class ProcessControl(abc.ABC):
         An index no process has (``process_index=2`` on one process) runs nowhere.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> @state.on_process(process_index=2)
             ... def print_something():
@@ -215,6 +222,7 @@ class ProcessControl(abc.ABC):
         ``local_process_idx=`` is accepted too (the spelling of Accelerate's tutorial).
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()
             >>> @state.on_local_process(local_process_index=0)
             ... def print_something():
@@ -250,6 +258,7 @@ class ProcessControl(abc.ABC):
         """``print`` once per machine: on each local main process only.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> PartialState().print("Accelerate is the best")
             Accelerate is the best
         """
@@ -267,6 +276,7 @@ class ProcessControl(abc.ABC):
         cannot be split is a TypeError. No communication happens.
 
         Example:
+            >>> from nbaccel import PartialState
             >>> state = PartialState()  # with two processes: ["A", "B"] on 0 and ["C"] on 1
             >>> with state.split_between_processes(["A", "B", "C"]) as inputs:
             ...     print(inputs)

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbaccel.state import default_group as process_group
 from nbaccel.errors import NbaccelError
+from nbaccel.state import default_group as process_group
 from nbaccel.state.control import FirstProcessFailedError, ProcessControl
 from nbaccel.state.default_group import GroupInfo
 from nbaccel.state.launch_env import LaunchEnvironment, fork_launched

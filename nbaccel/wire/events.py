@@ -24,6 +24,7 @@ Example:
     >>> decoder = FrameDecoder()
     >>> [(event.kind.name, event.value()) for event in decoder.feed(os.read(r, 1024))]
     [('RESULT', {'loss': 0.5})]
+    >>> os.close(r); os.close(w)
 """
 
 from __future__ import annotations
