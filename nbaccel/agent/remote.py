@@ -1,0 +1,173 @@
+"""A launch on every node of a ``Cluster``: the multi-node ``Launcher`` behind the engine's seam.
+
+Per attempt: the kernel assigns node ranks (the order the nodes joined) and global ranks (node
+by node, so rank 0 is node 0's local rank 0), hosts a fresh rendezvous store bound to the
+cluster's address, sends every node the signed launch (spec as JSON, job cloudpickled), and
+watches until every node has finished. A fresh store and run id per attempt: torch elastic's own
+restart with a shared store fails on a stale address (pytorch#135712).
+
+Example::
+
+    values = cluster_launcher(train, (), cluster)       # or notebook_launcher(..., cluster=)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import warm
+from ..errors import PreflightError, RankFailedError
+from ..launchers.base import LaunchPlan, Launcher
+from ..outcome import RankOutcome, Status, root_cause
+from ..output.select import make_sink
+from ..output.sinks import Sink
+from ..rendezvous import LoopbackRendezvous
+from ..worker import Job
+from . import protocol
+from .cluster import Cluster, NodeInfo
+from .link import new_nonce
+from .remote_watch import NodeSlot, RemoteWatch
+
+
+class NodeRankFailedError(RankFailedError):
+    """A rank on some node failed; the message names the rank and its node first."""
+
+    def __init__(self, root: RankOutcome, outcomes: list[RankOutcome], where: dict[int, str]) -> None:
+        self.where = where
+        self.node = where.get(root.rank, "")
+        super().__init__(root, outcomes)
+
+    def _headline(self, root: RankOutcome) -> str:  # type: ignore[override]
+        headline = RankFailedError._headline(root)
+        where = getattr(self, "where", {}).get(root.rank)
+        return headline.replace(f"rank {root.rank} ", f"rank {root.rank} on {where} ", 1) if where else headline
+
+
+def layout(nodes: list[NodeInfo]) -> list[NodeSlot]:
+    """Node ranks in join order; global ranks node by node."""
+    slots, first = [], 0
+    for node_rank, node in enumerate(nodes):
+        slots.append(NodeSlot(node, node_rank, list(range(first, first + node.nproc))))
+        first += node.nproc
+    return slots
+
+
+class ClusterLauncher(Launcher):
+    """Runs every attempt on the cluster's live nodes."""
+
+    start_method = "fork"  # on every node, through torch elastic's start_processes
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.last_slots: list[NodeSlot] = []
+
+    def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
+        import cloudpickle
+
+        nodes = self.cluster.live_nodes
+        if not nodes:
+            raise PreflightError(f"no node has joined the cluster at {self.cluster.address}; run `{self.cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
+        slots = self.last_slots = layout(nodes)
+        world = sum(len(s.ranks) for s in slots)
+        job_bytes = cloudpickle.dumps(job)
+        launch = new_nonce()[:16]
+        store = LoopbackRendezvous(self.cluster.host, None)  # bound to the cluster's address only
+        inbox = self.cluster.open_launch(launch)
+        watch = RemoteWatch(self.cluster, launch, slots, inbox, sink, plan.deadline, plan.timeout)
+        sink.launch_started(world, attempt)
+        try:
+            store.start_store(world)
+            for slot in slots:
+                spec = _spec(launch, plan, attempt, slot, len(slots), world, self.cluster.host, store.port)
+                if not self.cluster.send(slot.node, protocol.LAUNCH, launch=launch, raw=protocol.pack_mixed(spec, job_bytes)):
+                    inbox.put(("lost", slot.node, "could not be sent the launch (its connection is gone)"))
+            return watch.run()
+        finally:
+            self.cluster.close_launch()
+            store.close()
+            sink.launch_finished(watch.outcomes)
+
+
+def _spec(launch: str, plan: LaunchPlan, attempt: int, slot: NodeSlot, nnodes: int, world: int, master_addr: str, port: int) -> dict[str, Any]:
+    return {
+        "launch": launch,
+        "run_id": f"nbaccel-{launch}-{attempt}",
+        "attempt": attempt,
+        "max_restarts": plan.max_restarts,
+        "node_rank": slot.node_rank,
+        "nnodes": nnodes,
+        "first_rank": slot.ranks[0],
+        "nproc": len(slot.ranks),
+        "world_size": world,
+        "master_addr": master_addr,
+        "master_port": port,
+        "device_type": plan.device_type,
+        "mixed_precision": plan.mixed_precision,
+        "gpus": None,
+    }
+
+
+def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float) -> LaunchPlan:
+    """The plan of a launch on the cluster's live nodes: CUDA only where every node has GPUs for its ranks."""
+    nodes = cluster.live_nodes
+    on_gpus = not cpu and bool(nodes) and all(n.gpus >= n.nproc for n in nodes)
+    return LaunchPlan(
+        num_processes=sum(n.nproc for n in nodes),
+        device_type="cuda" if on_gpus else "cpu",
+        gpus=None,
+        mixed_precision=mixed_precision,
+        master_addr=cluster.host,
+        max_restarts=max_restarts,
+        timeout=timeout,
+        deadline=None if timeout is None else started + timeout,
+    )
+
+
+def cluster_launcher(
+    function: Callable[..., Any],
+    args: Sequence[Any] = (),
+    cluster: Cluster | None = None,
+    *,
+    mixed_precision: str = "no",
+    timeout: float | None = None,
+    max_restarts: int = 0,
+    cpu: bool = False,
+    output: str | Sink | None = None,
+) -> list[Any]:
+    """Run ``function(*args)`` on every rank of every node of ``cluster``; values in global rank order.
+
+    Raises NodeRankFailedError (the root-cause rank and its node), LaunchTimeoutError, or
+    KeyboardInterrupt after stopping every node's ranks.
+
+    Example::
+
+        with nbaccel.Cluster("10.0.0.1:0") as cluster:
+            cluster.wait(nodes=2)
+            cluster_launcher(lambda: 1, cluster=cluster)   # [1, 1, 1, 1] on 2 nodes x 2 ranks
+    """
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}")
+    started = time.monotonic()
+    plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started)
+    launcher = ClusterLauncher(cluster)
+    try:
+        return run_attempts(launcher, Job(function, tuple(args)), plan, make_sink(output))
+    finally:
+        warm.import_noted()
+
+
+def run_attempts(launcher: ClusterLauncher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
+    """Attempts until one succeeds or ``max_restarts`` is spent (as nbaccel.launcher does)."""
+    failed: list[list[RankOutcome]] = []
+    for attempt in range(plan.max_restarts + 1):
+        outcomes = launcher.run_attempt(job, plan, attempt, sink)
+        if all(o.status is Status.SUCCEEDED for o in outcomes):
+            return [o.value for o in outcomes]
+        failed.append(outcomes)
+    last = failed[-1]
+    where = {rank: slot.where() for slot in launcher.last_slots for rank in slot.ranks}
+    error = NodeRankFailedError(root_cause(last) or last[0], last, where)
+    error.attempts = failed
+    raise error
