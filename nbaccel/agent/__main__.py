@@ -1,5 +1,5 @@
 """``python -m nbaccel.agent HOST:PORT``: the same as the ``nbaccel-agent`` console script."""
 
-from .cli import main
+from nbaccel.agent.cli import main
 
 raise SystemExit(main())

@@ -11,8 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .node import EXIT_REFUSED, NodeAgent, split_address
-from .signing import TOKEN_ENV, read_token
+from nbaccel.agent.node import EXIT_REFUSED, NodeAgent, split_address
+from nbaccel.agent.signing import TOKEN_ENV, read_token
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:

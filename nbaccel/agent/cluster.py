@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import protocol
-from .link import Link, new_nonce
-from .node import split_address
-from .signing import Message, new_secret, write_token_file
+from nbaccel.agent import protocol
+from nbaccel.agent.link import Link, new_nonce
+from nbaccel.agent.node import split_address
+from nbaccel.agent.signing import Message, new_secret, write_token_file
 
 log = logging.getLogger("nbaccel.cluster")
 

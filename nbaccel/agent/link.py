@@ -28,7 +28,7 @@ import socket
 import threading
 from typing import Any
 
-from .signing import FrameReader, Message, RefusedMessage, Signer, Verifier
+from nbaccel.agent.signing import FrameReader, Message, RefusedMessage, Signer, Verifier
 
 log = logging.getLogger("nbaccel.cluster")
 
@@ -112,7 +112,7 @@ class Link:
 
 def _peer_name(sock: socket.socket) -> str:
     try:
-        host, port = sock.getpeername()[:2]
+        name = sock.getpeername()
     except OSError:
         return "?"
-    return f"{host}:{port}"
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name or "local")

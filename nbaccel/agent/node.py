@@ -20,11 +20,11 @@ import sys
 import time
 from typing import Any
 
-from . import protocol
-from .interfaces import interface_of
-from .link import Link, new_nonce
-from .node_ranks import NodeRanks
-from .signing import Message
+from nbaccel.agent import protocol
+from nbaccel.agent.interfaces import interface_of
+from nbaccel.agent.link import Link, new_nonce
+from nbaccel.agent.node_ranks import NodeRanks
+from nbaccel.agent.signing import Message
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
 _CONNECT_TIMEOUT = 10.0

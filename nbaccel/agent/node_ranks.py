@@ -15,17 +15,18 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..env import rank_environment
-from ..output.relay import RankPipes, close_child_ends, open_rank_pipes
-from . import protocol
-from .rank_entry import run_remote_rank
+from nbaccel.agent import protocol
+from nbaccel.agent.rank_entry import run_remote_rank
+from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
+from nbaccel.launch.rank_env import rank_environment
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
 
@@ -47,6 +48,19 @@ class _LinesToKernel:
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
         self.emit(protocol.LINES, {"rank": rank, "stream": stream, "lines": lines})
+
+    # The rest of the Sink interface: the kernel's sinks get these from the kernel's own loop.
+    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
+        pass
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        pass
+
+    def rank_finished(self, outcome: Any) -> None:
+        pass
+
+    def launch_finished(self, outcomes: list[Any]) -> None:
+        pass
 
 
 def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> dict[str, str]:
@@ -141,11 +155,11 @@ class NodeRanks:
         a handler returns False when its fd is finished with (end of file, process reaped)."""
         found: list[tuple[int, Callable[[], bool]]] = []
         for local, pipes in enumerate(self.pipes):
-            found.append((pipes.channel, lambda local=local: self._on_channel(local)))
-            found.append((pipes.stdout, lambda local=local: self._on_stream(local, "stdout")))
-            found.append((pipes.stderr, lambda local=local: self._on_stream(local, "stderr")))
+            found.append((pipes.channel, functools.partial(self._on_channel, local)))
+            found.append((pipes.stdout, functools.partial(self._on_stream, local, "stdout")))
+            found.append((pipes.stderr, functools.partial(self._on_stream, local, "stderr")))
         for local, proc in enumerate(self.processes):
-            found.append((proc.sentinel, lambda local=local: self._on_exit(local)))
+            found.append((proc.sentinel, functools.partial(self._on_exit, local)))
         return found
 
     @property

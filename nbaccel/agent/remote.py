@@ -17,18 +17,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import warm
-from ..errors import PreflightError, RankFailedError
-from ..launchers.base import LaunchPlan, Launcher
-from ..outcome import RankOutcome, Status, root_cause
-from ..output.select import make_sink
-from ..output.sinks import Sink
-from ..rendezvous import LoopbackRendezvous
-from ..worker import Job
-from . import protocol
-from .cluster import Cluster, NodeInfo
-from .link import new_nonce
-from .remote_watch import NodeSlot, RemoteWatch
+from nbaccel.agent import protocol
+from nbaccel.agent.cluster import Cluster, NodeInfo
+from nbaccel.agent.link import new_nonce
+from nbaccel.agent.remote_watch import NodeSlot, RemoteWatch
+from nbaccel.errors import PreflightError, RankFailedError
+from nbaccel.launch import warm
+from nbaccel.launch.outcome import RankOutcome, Status, root_cause
+from nbaccel.launch.rendezvous import LoopbackRendezvous
+from nbaccel.launch.seam import Launcher, LaunchPlan
+from nbaccel.output.choose import make_sink
+from nbaccel.output.sinks import Sink
+from nbaccel.rank.bootstrap import Job
 
 
 class NodeRankFailedError(RankFailedError):

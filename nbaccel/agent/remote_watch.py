@@ -19,12 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import channel, warm
-from ..errors import LaunchTimeoutError
-from ..outcome import RankOutcome, RemoteError, Status, undecodable_result
-from ..output.sinks import Sink
-from . import protocol
-from .cluster import Cluster, NodeInfo
+from nbaccel.agent import protocol
+from nbaccel.agent.cluster import Cluster, NodeInfo
+from nbaccel.errors import LaunchTimeoutError
+from nbaccel.launch import warm
+from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, undecodable_result
+from nbaccel.output.sinks import Sink
+from nbaccel.wire import frames as channel
 
 _LAST_LINES = 20
 _INTERRUPT_GRACE = 5.0  # an interrupted launch returns within this long, every node's ranks stopped
@@ -63,7 +64,7 @@ class RemoteWatch:
         self.outcomes = [RankOutcome(rank=r) for r in range(world)]
         self.signals_sent: dict[int, list[int]] = {r: [] for r in range(world)}
         self.exited: set[int] = set()
-        self.last_lines = {r: collections.deque(maxlen=_LAST_LINES) for r in range(world)}
+        self.last_lines: dict[int, collections.deque[str]] = {r: collections.deque(maxlen=_LAST_LINES) for r in range(world)}
         self.slot_of = {rank: slot for slot in slots for rank in slot.ranks}
         self._by_node = {id(s.node): s for s in slots}
         self._stop_reason: Status | None = None
