@@ -24,8 +24,10 @@ import psutil
 from nbaccel.agent.cluster import Cluster
 
 
-def agent_argv(address: str, token_file: str, nproc: int | None = 2) -> list[str]:
-    argv = [sys.executable, "-m", "nbaccel.agent", address, "--token-file", token_file]
+def agent_argv(address: str, token_file: str | None, nproc: int | None = 2) -> list[str]:
+    """``nbaccel-agent`` as this interpreter runs it (the console script needs an install)."""
+    argv = [sys.executable, "-m", "nbaccel.agent", address]
+    argv += [] if token_file is None else ["--token-file", token_file]
     return argv if nproc is None else [*argv, "--nproc-per-node", str(nproc)]
 
 
