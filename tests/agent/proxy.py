@@ -59,7 +59,10 @@ class Proxy:
                     if key.data is None:
                         return
                     direction, destination = key.data
-                    data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
+                    try:
+                        data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
+                    except OSError:  # an end went away
+                        return
                     if not data:
                         return
                     for frame in readers[direction].feed(data):
