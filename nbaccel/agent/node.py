@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
 import selectors
 import socket
@@ -227,6 +228,7 @@ class NodeAgent:
                 self._selector.unregister(fd)
         ranks.kill_and_close()
         self._send(protocol.FINISHED, None, ranks.launch)
+        gc.collect()  # while idle: the next launch forks from a clean heap (see NodeRanks.start)
 
     def _shut_down(self) -> None:
         """Stop this node's ranks (as on a failure: SIGTERM, then SIGKILL) and release everything."""

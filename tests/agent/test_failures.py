@@ -36,13 +36,14 @@ def test_a_killed_node_fails_the_launch_naming_it_and_leaves_no_process() -> Non
     with Cluster("127.0.0.1:0") as cluster:
         agents = start_agents(cluster, nodes=2, nproc=2)
         try:
-            cluster.wait(nodes=2, timeout=60)
+            nodes = cluster.wait(nodes=2, timeout=60)
+            node_1 = next(a for a in agents if a.pid == nodes[1].pid)  # node ranks follow the join order
             ranks: list[int] = []
 
             def kill_node_1() -> None:
-                wait_until(lambda: len(descendants(agents[1].pid)) >= 2, 10)
+                wait_until(lambda: len(descendants(node_1.pid)) >= 2, 10)
                 ranks.extend(descendants(agents[0].pid) + descendants(agents[1].pid))
-                agents[1].kill()
+                node_1.kill()
 
             threading.Thread(target=kill_node_1, daemon=True).start()
             with pytest.raises(NodeRankFailedError) as caught:

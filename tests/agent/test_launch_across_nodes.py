@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
-import _thread
 
 import pytest
 
