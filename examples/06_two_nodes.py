@@ -23,7 +23,7 @@ import sys
 import time
 
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher
+from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher, layout
 
 
 def where_am_i() -> dict:
@@ -69,7 +69,8 @@ def main() -> int:
         print(cluster)
         agents = [subprocess.Popen([*shlex.split(p), sys.executable, "-m", "nbaccel.agent", cluster.address, "--token-file", cluster.token_file, "--nproc-per-node", str(arguments.nproc_per_node)]) for p in prefixes]
         try:
-            nodes = cluster.wait(nodes=len(prefixes), timeout=90)
+            cluster.wait(nodes=len(prefixes), timeout=90)
+            nodes = [slot.node for slot in layout(cluster.live_nodes, cluster.host)]  # in node-rank order
             summary["nodes"] = [(n.host, n.address, n.nproc) for n in nodes]
             started = time.monotonic()
             summary["values"] = cluster_launcher(where_am_i, cluster=cluster, output="text")

@@ -1,6 +1,7 @@
 """A launch on every node of a ``Cluster``: the multi-node ``Launcher`` behind the engine's seam.
 
-Per attempt: the kernel assigns node ranks (the order the nodes joined) and global ranks (node
+Per attempt: the kernel assigns node ranks (a node on the kernel's own address first, then the
+order the nodes joined) and global ranks (node
 by node, so rank 0 is node 0's local rank 0), hosts a fresh rendezvous store bound to the
 cluster's address, sends every node the signed launch (spec as JSON, job cloudpickled), and
 watches until every node has finished. A fresh store and run id per attempt: torch elastic's own
@@ -45,10 +46,12 @@ class NodeRankFailedError(RankFailedError):
         return headline.replace(f"rank {root.rank} ", f"rank {root.rank} on {where} ", 1) if where else headline
 
 
-def layout(nodes: list[NodeInfo]) -> list[NodeSlot]:
-    """Node ranks in join order; global ranks node by node."""
+def layout(nodes: list[NodeInfo], kernel_host: str | None = None) -> list[NodeSlot]:
+    """Node ranks: the kernel's own machine first (rank 0 beside the notebook), then join order;
+    global ranks node by node."""
+    ordered = sorted(nodes, key=lambda n: n.address != kernel_host)  # stable: join order otherwise
     slots, first = [], 0
-    for node_rank, node in enumerate(nodes):
+    for node_rank, node in enumerate(ordered):
         slots.append(NodeSlot(node, node_rank, list(range(first, first + node.nproc))))
         first += node.nproc
     return slots
@@ -69,7 +72,7 @@ class ClusterLauncher(Launcher):
         nodes = self.cluster.live_nodes
         if not nodes:
             raise PreflightError(f"no node has joined the cluster at {self.cluster.address}; run `{self.cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
-        slots = self.last_slots = layout(nodes)
+        slots = self.last_slots = layout(nodes, self.cluster.host)
         world = sum(len(s.ranks) for s in slots)
         job_bytes = cloudpickle.dumps(job)
         launch = new_nonce()[:16]

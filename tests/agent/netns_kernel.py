@@ -13,7 +13,7 @@ import threading
 import time
 
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher
+from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher, layout
 from nbaccel.testing import CollectingSink
 
 
@@ -39,7 +39,8 @@ def main() -> None:
     with Cluster(f"{host}:0") as cluster:
         argv = [sys.executable, "-m", "nbaccel.agent", cluster.address, "--token-file", cluster.token_file, "--nproc-per-node", "2"]
         agents = [subprocess.Popen(argv), subprocess.Popen([*ns1, *argv], stderr=subprocess.PIPE, text=True)]
-        nodes = cluster.wait(nodes=2, timeout=90)
+        cluster.wait(nodes=2, timeout=90)
+        nodes = [slot.node for slot in layout(cluster.live_nodes, cluster.host)]  # in node-rank order
         report["nodes"] = [n.address for n in nodes]
         sockets: list[str] = []
         threading.Timer(1.0, lambda: sockets.extend(listening([]) + listening(ns1))).start()

@@ -49,7 +49,6 @@ def test_sockets_stay_on_the_namespace_addresses_and_a_cut_network_loses_the_nod
     ns1 = " ".join(net.exec_in(1))
     cut = f"{ns1} ip link set {net.veths[1]} down"
     report = _run_in_ns0(net, "tests/agent/netns_kernel.py", net.addresses[0], ns1, cut)
-    print(report)
     assert report["nodes"] == list(net.addresses) and report["values"] == [0, 1, 2, 3]
     hosts = {address.rsplit(":", 1)[0] for address in report["listening"]}
     assert hosts <= set(net.addresses) and len(report["listening"]) >= 6, report["listening"]
