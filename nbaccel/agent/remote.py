@@ -30,6 +30,7 @@ from nbaccel.launch.seam import Launcher, LaunchPlan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
 from nbaccel.rank.bootstrap import Job
+from nbaccel.wire.portable import Sourced
 
 
 class NodeRankFailedError(RankFailedError):
@@ -74,7 +75,8 @@ class ClusterLauncher(Launcher):
             raise PreflightError(f"no node has joined the cluster at {self.cluster.address}; run `{self.cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
         slots = self.last_slots = layout(nodes, self.cluster.host)
         world = sum(len(s.ranks) for s in slots)
-        job_bytes = cloudpickle.dumps(job)
+        # By value, with the cell's file name and source: tracebacks on a node show its lines.
+        job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends))
         launch = new_nonce()[:16]
         store = LoopbackRendezvous(self.cluster.host, None)  # bound to the cluster's address only
         inbox = self.cluster.open_launch(launch)
