@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -29,6 +30,7 @@ from nbaccel.agent.signing import Message
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
 _CONNECT_TIMEOUT = 10.0
+_SIGNALS_THE_KERNEL_MAY_SEND = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 
 
 class AgentError(Exception):
@@ -188,11 +190,17 @@ class NodeAgent:
         elif kind == protocol.CLOSE:
             return EXIT_OK
         elif self.ranks is not None and message.launch == self.ranks.launch:
-            body = message.json() or {}
+            body = (message.json() or {}) if kind != protocol.COMMAND else {}
             if kind == protocol.STOP:
                 self.ranks.stop(body.get("reason", "stopped"), body.get("spare"))
             elif kind == protocol.RELEASE:
                 self.ranks.release()
+            elif kind == protocol.COMMAND:
+                rank, frame_kind, payload = protocol.unpack_frame(message.payload)
+                self.ranks.command(rank, frame_kind, payload)
+            elif kind == protocol.SIGNAL:
+                if int(body.get("signal", 0)) in _SIGNALS_THE_KERNEL_MAY_SEND:
+                    self.ranks.signal_ranks([int(r) for r in body.get("ranks", [])], int(body["signal"]))
         return None
 
     # -- launches ------------------------------------------------------------------------------

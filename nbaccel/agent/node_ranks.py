@@ -27,6 +27,7 @@ from nbaccel.agent import protocol
 from nbaccel.agent.rank_entry import run_remote_rank
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.rank_env import rank_environment
+from nbaccel.wire import frames as channel
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
 
@@ -219,6 +220,21 @@ class NodeRanks:
                     os.write(pipes.commands, b"\0")
                 except OSError:
                     pass
+
+    def command(self, rank: int, kind: int, payload: bytes) -> None:
+        """Write one frame into ``rank``'s command pipe (a persistent worker's task or stop)."""
+        local = rank - self.first_rank
+        if 0 <= local < self.nproc and local not in self.exited and self.pipes[local].commands is not None:
+            try:
+                channel.send_bytes(self.pipes[local].commands, channel.Kind(kind), payload, defer_sigint=False)  # type: ignore[arg-type]
+            except OSError:  # it died: its exit is reported on its own
+                pass
+
+    def signal_ranks(self, ranks: list[int], sig: int) -> None:
+        """Send ``sig`` to the given global ranks of this node now (a pool's interrupt)."""
+        for rank in ranks:
+            if 0 <= rank - self.first_rank < self.nproc:
+                self._send(rank - self.first_rank, sig)
 
     def stop(self, reason: str, spare: int | None = None) -> None:
         """Signal every live rank (but ``spare``, a global rank exiting by itself) per ``reason``."""

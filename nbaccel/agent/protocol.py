@@ -2,7 +2,9 @@
 
 Kernel to agent: ``hello`` (first, to prove the kernel holds the secret), ``welcome``,
 ``heartbeat``, ``launch`` (a launch spec as JSON plus the cloudpickled job), ``stop``,
-``release`` (every rank returned: leave the process group), ``close`` (the cluster is closing).
+``release`` (every rank returned: leave the process group), ``command`` (a frame for one rank's
+command pipe: a persistent worker's task or stop), ``signal`` (send a signal to some ranks: a
+pool's interrupt), ``close`` (the cluster is closing).
 
 Agent to kernel: ``join``, ``heartbeat``, ``started`` (pids), ``lines`` (a rank's stdout/stderr),
 ``frame`` (a rank's channel frame: result, error, event), ``exited`` (a rank's exit status),
@@ -21,6 +23,7 @@ import struct
 from typing import Any
 
 HELLO, WELCOME, HEARTBEAT, LAUNCH, STOP, RELEASE, CLOSE = "hello", "welcome", "heartbeat", "launch", "stop", "release", "close"
+COMMAND, SIGNAL = "command", "signal"
 JOIN, STARTED, LINES, FRAME, EXITED, FINISHED, FAILED = "join", "started", "lines", "frame", "exited", "finished", "failed"
 
 HEARTBEAT_EVERY = 0.5  # seconds between heartbeats, both ways

@@ -14,8 +14,10 @@ Example::
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nbaccel.agent import protocol
@@ -68,31 +70,60 @@ class ClusterLauncher(Launcher):
         self.last_slots: list[NodeSlot] = []
 
     def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
-        import cloudpickle
-
-        nodes = self.cluster.live_nodes
-        if not nodes:
-            raise PreflightError(f"no node has joined the cluster at {self.cluster.address}; run `{self.cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
-        slots = self.last_slots = layout(nodes, self.cluster.host)
-        world = sum(len(s.ranks) for s in slots)
-        # By value, with the cell's file name and source: tracebacks on a node show its lines.
-        job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends))
-        launch = new_nonce()[:16]
-        store = LoopbackRendezvous(self.cluster.host, None)  # bound to the cluster's address only
-        inbox = self.cluster.open_launch(launch)
-        watch = RemoteWatch(self.cluster, launch, slots, inbox, sink, plan.deadline, plan.timeout)
-        sink.launch_started(world, attempt)
+        running = begin_launch(self.cluster, job, plan, attempt)
+        self.last_slots = running.slots
+        watch = RemoteWatch(self.cluster, running.launch, running.slots, running.inbox, sink, plan.deadline, plan.timeout)
+        sink.launch_started(running.world, attempt)
         try:
-            store.start_store(world)
-            for slot in slots:
-                spec = _spec(launch, plan, attempt, slot, len(slots), world, self.cluster.host, store.port)
-                if not self.cluster.send(slot.node, protocol.LAUNCH, launch=launch, raw=protocol.pack_mixed(spec, job_bytes)):
-                    inbox.put(("lost", slot.node, "could not be sent the launch (its connection is gone)"))
             return watch.run()
         finally:
-            self.cluster.close_launch()
-            store.close()
+            running.close()
             sink.launch_finished(watch.outcomes)
+
+
+@dataclass
+class RemoteLaunch:
+    """One launch under way on the cluster: its id, node slots, message queue and store."""
+
+    cluster: Cluster
+    launch: str
+    slots: list[NodeSlot]
+    inbox: queue.Queue[tuple[str, NodeInfo, Any]]
+    store: LoopbackRendezvous
+
+    @property
+    def world(self) -> int:
+        return sum(len(s.ranks) for s in self.slots)
+
+    def close(self) -> None:
+        self.cluster.close_launch()
+        self.store.close()
+
+
+def begin_launch(cluster: Cluster, job: Job, plan: LaunchPlan, attempt: int) -> RemoteLaunch:
+    """Host a fresh store, route a fresh launch id, and send every live node its part."""
+    import cloudpickle
+
+    nodes = cluster.live_nodes
+    if not nodes:
+        raise PreflightError(f"no node has joined the cluster at {cluster.address}; run `{cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
+    slots = layout(nodes, cluster.host)
+    # By value, with the cell's file name and source: tracebacks on a node show its lines.
+    job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends))
+    launch = new_nonce()[:16]
+    store = LoopbackRendezvous(cluster.host, None)  # bound to the cluster's address only
+    inbox = cluster.open_launch(launch)
+    running = RemoteLaunch(cluster, launch, slots, inbox, store)
+    try:
+        store.start_store(running.world)
+        for slot in slots:
+            spec = _spec(launch, plan, attempt, slot, len(slots), running.world, cluster.host, store.port)
+            if not cluster.send(slot.node, protocol.LAUNCH, launch=launch, raw=protocol.pack_mixed(spec, job_bytes)):
+                inbox.put(("lost", slot.node, "could not be sent the launch (its connection is gone)"))
+    except BaseException:
+        running.close()
+        raise
+    return running
 
 
 def _spec(launch: str, plan: LaunchPlan, attempt: int, slot: NodeSlot, nnodes: int, world: int, master_addr: str, port: int) -> dict[str, Any]:

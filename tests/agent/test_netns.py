@@ -40,7 +40,7 @@ def test_the_two_node_example_runs_across_namespaces(net: netns.Namespaces) -> N
     assert [n[1] for n in summary["nodes"]] == list(net.addresses)
     assert [(v["rank"], v["node"], v["sum"]) for v in summary["values"]] == [(0, 0, 6.0), (1, 0, 6.0), (2, 1, 6.0), (3, 1, 6.0)]
     assert [v["gloo_interface"] for v in summary["values"]] == [net.veths[0]] * 2 + [net.veths[1]] * 2
-    assert summary["error"]["headline"].startswith(f"rank 3 on node 1 (") and net.addresses[1] in summary["error"]["headline"]
+    assert summary["error"]["headline"].startswith("rank 3 on node 1 (") and net.addresses[1] in summary["error"]["headline"]
     assert summary["error"]["statuses"] == ["stopped", "stopped", "stopped", "failed"]
     assert summary["agent_exit_codes"] == [0, 0]
 
