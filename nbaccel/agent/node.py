@@ -27,6 +27,7 @@ from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.link import Link, new_nonce
 from nbaccel.agent.node_ranks import NodeRanks
 from nbaccel.agent.signing import Message
+from nbaccel.launch import warm
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
 _CONNECT_TIMEOUT = 10.0
@@ -236,6 +237,7 @@ class NodeAgent:
                 self._selector.unregister(fd)
         ranks.kill_and_close()
         self._send(protocol.FINISHED, None, ranks.launch)
+        warm.import_noted()  # modules the ranks had to import (torch._dynamo): later forks inherit them
         gc.collect()  # while idle: the next launch forks from a clean heap (see NodeRanks.start)
 
     def _shut_down(self) -> None:

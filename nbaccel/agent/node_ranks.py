@@ -25,6 +25,7 @@ from typing import Any
 
 from nbaccel.agent import protocol
 from nbaccel.agent.rank_entry import run_remote_rank
+from nbaccel.launch import warm
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.rank_env import rank_environment
 from nbaccel.wire import frames as channel
@@ -194,17 +195,22 @@ class NodeRanks:
 
     def _on_channel(self, local: int) -> bool:
         frames, open_ = self.pipes[local].read_channel()
-        for kind, payload in frames:
-            self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(kind), payload))
+        self._forward(local, frames)
         return open_
+
+    def _forward(self, local: int, frames: list[tuple[channel.Kind, bytes]]) -> None:
+        for kind, payload in frames:
+            if kind is channel.Kind.IMPORTED:  # warm the agent, not the kernel: ranks fork from here
+                warm.note(channel.loads(payload))  # from our own child, over a private pipe
+            else:
+                self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(kind), payload))
 
     def _on_exit(self, local: int) -> bool:
         if local in self.exited:
             return False
         if self.processes[local].exitcode is None:
             return True
-        for kind, payload in self.pipes[local].drain(self._lines):
-            self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(kind), payload))
+        self._forward(local, self.pipes[local].drain(self._lines))
         self.exited.add(local)
         code = self.processes[local].exitcode
         self._emit(protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local]})

@@ -25,7 +25,6 @@ from nbaccel.agent.cluster import Cluster, NodeInfo
 from nbaccel.agent.link import new_nonce
 from nbaccel.agent.remote_watch import NodeSlot, RemoteWatch
 from nbaccel.errors import PreflightError, RankFailedError
-from nbaccel.launch import warm
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import Launcher, LaunchPlan
@@ -187,11 +186,7 @@ def cluster_launcher(
         raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}")
     started = time.monotonic()
     plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started)
-    launcher = ClusterLauncher(cluster)
-    try:
-        return run_attempts(launcher, Job(function, tuple(args)), plan, make_sink(output))
-    finally:
-        warm.import_noted()
+    return run_attempts(ClusterLauncher(cluster), Job(function, tuple(args)), plan, make_sink(output))
 
 
 def run_attempts(launcher: ClusterLauncher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:

@@ -22,7 +22,6 @@ from typing import Any
 from nbaccel.agent import protocol
 from nbaccel.agent.cluster import Cluster, NodeInfo
 from nbaccel.errors import LaunchTimeoutError
-from nbaccel.launch import warm
 from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, undecodable_result
 from nbaccel.output.sinks import Sink
 from nbaccel.wire import frames as channel
@@ -165,8 +164,6 @@ class RemoteWatch:
                 self._stop(Status.STOPPED, spare=rank)
         elif kind is channel.Kind.EVENT:
             self.sink.event(rank, channel.loads(payload))
-        elif kind is channel.Kind.IMPORTED:
-            warm.note(channel.loads(payload))
 
     def _on_exit(self, rank: int, code: int | None, signals_sent: list[int]) -> None:
         """As ``Supervisor.on_exit``: decide how a rank ended from its exit status and reports."""

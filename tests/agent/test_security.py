@@ -88,6 +88,9 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
             for frame in results:
                 proxy.inject_to_kernel(frame)  # replayed results: the kernel must not unpickle them
             proxy.inject_to_agent(launch)  # a replayed launch: the agent must not start ranks
+            header, body = _split(launch)
+            proxy.inject_to_agent(seal(new_secret(), {**header, "seq": 10**6}, body))  # forged: wrong key
+            proxy.inject_to_agent(seal(read_token(cluster.token_file), {**header, "seq": 10**6}, body)[:-1] + b"\0")  # bad MAC
             link = cluster.nodes[0].link
             assert link is not None and wait_until(lambda: link.refused >= len(results), 3.0)  # refused as replays
             time.sleep(0.5)
@@ -101,7 +104,15 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
             stderr = agent.stderr.read() if agent.stderr else ""
             if agent.stderr:
                 agent.stderr.close()
-    assert "replayed" in stderr  # the agent logged what it dropped
+    assert "replayed" in stderr and stderr.count("bad signature") == 2  # the agent logged what it dropped
+
+
+def _split(frame: bytes) -> tuple[dict, bytes]:
+    import json
+    import struct
+
+    _, header_len, payload_len = struct.unpack_from("!4sIQ", frame)
+    return json.loads(frame[16 : 16 + header_len]), frame[16 + header_len : 16 + header_len + payload_len]
 
 
 def test_during_a_launch_every_listening_socket_is_on_the_clusters_address(two_nodes: Cluster) -> None:
