@@ -790,7 +790,7 @@ Here both "nodes" are this machine: two agents on loopback, two ranks each.
 import os, subprocess, sys
 import nbaccel
 from nbaccel.agent.remote import cluster_launcher
-from nbaccel.agent.remote_pool import ClusterPool
+from nbaccel.agent.remote_pool import start_cluster_workers
 
 cluster = nbaccel.Cluster("127.0.0.1:0")   # on real machines: this machine's private address
 cluster                                     # says what to run on each node
@@ -825,7 +825,7 @@ cluster_launcher(fails_on_node_1, cluster=cluster)
 """, "raises-exception"),
     md("## Persistent workers across the nodes\n\nOne process group that stays, and namespaces that live from call to call."),
     code("""
-pool = ClusterPool(cluster).start()
+pool = start_cluster_workers(cluster)
 print(pool.run(lambda: int(os.environ["RANK"])))   # the same workers each time
 pool.push(offset=100)                               # a variable in every rank's namespace
 pool.pull("offset", rank=3)

@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import os
 import queue
+import select
 import selectors
 import socket
 import threading
@@ -34,6 +35,58 @@ from nbaccel.agent.node import split_address
 from nbaccel.agent.signing import Message, new_secret, write_token_file
 
 log = logging.getLogger("nbaccel.cluster")
+
+
+class LaunchInbox:
+    """One launch's messages from the cluster's thread, with a pipe that is readable while any wait.
+
+    The engine's event loop waits on file descriptors; ``fd`` lets it wait on this queue too.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[tuple[str, NodeInfo, Any]] = queue.Queue()
+        self.fd, self._wake = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._wake, False)
+        self._lock = threading.Lock()  # the cluster's thread must never write to a closed (reused) fd
+        self._closed = False
+
+    def put(self, item: tuple[str, NodeInfo, Any]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.queue.put(item)
+            try:
+                os.write(self._wake, b"x")
+            except BlockingIOError:  # full: the reader is behind and will look anyway
+                pass
+
+    def take(self) -> list[tuple[str, NodeInfo, Any]]:
+        """Everything waiting now (never blocks)."""
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        items = []
+        while True:
+            try:
+                items.append(self.queue.get_nowait())
+            except queue.Empty:
+                return items
+
+    def wait(self, timeout: float) -> list[tuple[str, NodeInfo, Any]]:
+        """What arrives within ``timeout`` seconds (outside an event loop)."""
+        select.select([self.fd], [], [], max(0.0, timeout))
+        return self.take()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self.fd)
+            os.close(self._wake)
 
 
 @dataclass
@@ -92,7 +145,7 @@ class Cluster:
         self.refused: list[str] = []  # why agents were turned away (wrong token, bad stream)
         self._pending: dict[int, tuple[Link, str]] = {}  # fd -> (link, kernel nonce) before join
         self._changed = threading.Condition()
-        self._inbox: queue.Queue[tuple[str, NodeInfo, Any]] | None = None
+        self._inbox: LaunchInbox | None = None
         self._launch: str | None = None
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -180,18 +233,21 @@ class Cluster:
         except OSError:
             return False
 
-    def open_launch(self, launch: str) -> queue.Queue[tuple[str, NodeInfo, Any]]:
-        """Route ``launch``'s messages (and news of lost nodes) to the returned queue."""
-        inbox: queue.Queue[tuple[str, NodeInfo, Any]] = queue.Queue()
+    def open_launch(self, launch: str) -> LaunchInbox:
+        """Route ``launch``'s messages (and news of lost nodes) to the returned inbox."""
+        inbox = LaunchInbox()
         with self._changed:
             if self._launch is not None:
-                raise RuntimeError(f"the cluster at {self.address} is already running a launch; one launch at a time")
+                inbox.close()
+                raise RuntimeError(f"the cluster at {self.address} is busy with another launch or pool; one at a time (stop the pool first)")
             self._launch, self._inbox = launch, inbox
         return inbox
 
     def close_launch(self) -> None:
         with self._changed:
-            self._launch, self._inbox = None, None
+            inbox, self._launch, self._inbox = self._inbox, None, None
+        if inbox is not None:
+            inbox.close()
 
     # -- the thread ----------------------------------------------------------------------------
 

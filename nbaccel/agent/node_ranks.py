@@ -20,15 +20,15 @@ import gc
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from nbaccel.agent import protocol
 from nbaccel.agent.rank_entry import run_remote_rank
 from nbaccel.launch import warm
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
-from nbaccel.launch.rank_env import rank_environment
-from nbaccel.wire import frames as channel
+from nbaccel.wire import events
+from nbaccel.wire.rank_env import rank_environment
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
 
@@ -40,29 +40,6 @@ STOP_PLANS = {
     "closing": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
 }
 _LINGER = 3.0  # a rank that reported its own error gets this long to exit by itself
-
-
-class _LinesToKernel:
-    """A Sink-shaped adapter: RankPipes hands it whole lines, it sends them to the kernel."""
-
-    def __init__(self, emit: Emit) -> None:
-        self.emit = emit
-
-    def output(self, rank: int, stream: str, lines: list[str]) -> None:
-        self.emit(protocol.LINES, {"rank": rank, "stream": stream, "lines": lines})
-
-    # The rest of the Sink interface: the kernel's sinks get these from the kernel's own loop.
-    def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
-        pass
-
-    def event(self, rank: int, event: dict[str, Any]) -> None:
-        pass
-
-    def rank_finished(self, outcome: Any) -> None:
-        pass
-
-    def launch_finished(self, outcomes: list[Any]) -> None:
-        pass
 
 
 def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> dict[str, str]:
@@ -124,7 +101,6 @@ class NodeRanks:
         self.first_rank: int = spec["first_rank"]
         self._job_bytes = job_bytes
         self._emit = emit
-        self._lines = _LinesToKernel(emit)
         self._interface = interface
         self._close_fds = close_fds
         self.pipes: list[RankPipes] = []
@@ -189,28 +165,31 @@ class NodeRanks:
     def done(self) -> bool:
         return len(self.exited) == self.nproc
 
+    def _lines_to_kernel(self, rank: int, stream: str, lines: list[str]) -> None:
+        self._emit(protocol.LINES, {"rank": rank, "stream": stream, "lines": lines})
+
     def _on_stream(self, local: int, stream: str) -> bool:
         pipes = self.pipes[local]
-        return pipes.read_stream(pipes.stdout if stream == "stdout" else pipes.stderr, stream, self._lines)
+        return pipes.read_stream(pipes.stdout if stream == "stdout" else pipes.stderr, stream, self._lines_to_kernel)
 
     def _on_channel(self, local: int) -> bool:
         frames, open_ = self.pipes[local].read_channel()
         self._forward(local, frames)
         return open_
 
-    def _forward(self, local: int, frames: list[tuple[channel.Kind, bytes]]) -> None:
-        for kind, payload in frames:
-            if kind is channel.Kind.IMPORTED:  # warm the agent, not the kernel: ranks fork from here
-                warm.note(channel.loads(payload))  # from our own child, over a private pipe
+    def _forward(self, local: int, decoded: list[events.Event]) -> None:
+        for event in decoded:
+            if event.kind is events.Kind.IMPORTED:  # warm the agent, not the kernel: ranks fork from here
+                warm.note(event.value())  # from our own child, over a private pipe
             else:
-                self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(kind), payload))
+                self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(event.kind), event.payload))
 
     def _on_exit(self, local: int) -> bool:
         if local in self.exited:
             return False
         if self.processes[local].exitcode is None:
             return True
-        self._forward(local, self.pipes[local].drain(self._lines))
+        self._forward(local, self.pipes[local].drain(self._lines_to_kernel))
         self.exited.add(local)
         code = self.processes[local].exitcode
         self._emit(protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local]})
@@ -232,7 +211,7 @@ class NodeRanks:
         local = rank - self.first_rank
         if 0 <= local < self.nproc and local not in self.exited and self.pipes[local].commands is not None:
             try:
-                channel.send_bytes(self.pipes[local].commands, channel.Kind(kind), payload, defer_sigint=False)  # type: ignore[arg-type]
+                events.send_bytes(self.pipes[local].commands, events.Kind(kind), payload, defer_sigint=False)  # type: ignore[arg-type]
             except OSError:  # it died: its exit is reported on its own
                 pass
 

@@ -1,37 +1,32 @@
-"""A launch on every node of a ``Cluster``: the multi-node ``Launcher`` behind the engine's seam.
+"""Launches on every node of a ``Cluster``, through the engine's one-shot strategy.
 
-Per attempt: the kernel assigns node ranks (a node on the kernel's own address first, then the
-order the nodes joined) and global ranks (node
-by node, so rank 0 is node 0's local rank 0), hosts a fresh rendezvous store bound to the
-cluster's address, sends every node the signed launch (spec as JSON, job cloudpickled), and
-watches until every node has finished. A fresh store and run id per attempt: torch elastic's own
-restart with a shared store fails on a stale address (pytorch#135712).
+``cluster_launcher`` is what ``notebook_launcher(..., cluster=)`` runs: the same ``run_launch``
+(attempts, restarts, the one event loop, ``OneShot``) as a one-node launch, with the
+``ClusterLauncher`` behind the seam. Its only addition: a failure names the node of its rank.
 
 Example::
 
-    values = cluster_launcher(train, (), cluster)       # or notebook_launcher(..., cluster=)
+    values = cluster_launcher(train, (), cluster)       # [value of rank 0, rank 1, ...]
 """
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from nbaccel.agent import protocol
-from nbaccel.agent.cluster import Cluster, NodeInfo
-from nbaccel.agent.link import new_nonce
-from nbaccel.agent.remote_watch import NodeSlot, RemoteWatch
-from nbaccel.errors import PreflightError, RankFailedError
-from nbaccel.launch.outcome import RankOutcome, Status, root_cause
-from nbaccel.launch.rendezvous import LoopbackRendezvous
-from nbaccel.launch.seam import Launcher, LaunchPlan
+from nbaccel.agent.cluster import Cluster
+from nbaccel.agent.cluster_group import ClusterLauncher, layout
+from nbaccel.errors import RankFailedError
+from nbaccel.launch.one_shot import run_launch
+from nbaccel.launch.options import LaunchOptions, check_callable
+from nbaccel.launch.outcome import RankOutcome
+from nbaccel.launch.seam import LaunchPlan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
 from nbaccel.rank.bootstrap import Job
-from nbaccel.wire.portable import Sourced
+
+__all__ = ["NodeRankFailedError", "cluster_launcher", "cluster_plan", "layout", "naming_nodes"]
 
 
 class NodeRankFailedError(RankFailedError):
@@ -47,116 +42,35 @@ class NodeRankFailedError(RankFailedError):
         where = getattr(self, "where", {}).get(root.rank)
         return headline.replace(f"rank {root.rank} ", f"rank {root.rank} on {where} ", 1) if where else headline
 
-
-def layout(nodes: list[NodeInfo], kernel_host: str | None = None) -> list[NodeSlot]:
-    """Node ranks: the kernel's own machine first (rank 0 beside the notebook), then join order;
-    global ranks node by node."""
-    ordered = sorted(nodes, key=lambda n: n.address != kernel_host)  # stable: join order otherwise
-    slots, first = [], 0
-    for node_rank, node in enumerate(ordered):
-        slots.append(NodeSlot(node, node_rank, list(range(first, first + node.nproc))))
-        first += node.nproc
-    return slots
+    def _render_traceback_(self) -> list[str]:
+        lines = self.report().splitlines()
+        return [f"NodeRankFailedError: {lines[0]}", *lines[1:]]
 
 
-class ClusterLauncher(Launcher):
-    """Runs every attempt on the cluster's live nodes."""
-
-    start_method = "fork"  # on every node, through torch elastic's start_processes
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.last_slots: list[NodeSlot] = []
-
-    def run_attempt(self, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
-        running = begin_launch(self.cluster, job, plan, attempt)
-        self.last_slots = running.slots
-        watch = RemoteWatch(self.cluster, running.launch, running.slots, running.inbox, sink, plan.deadline, plan.timeout)
-        sink.launch_started(running.world, attempt)
-        try:
-            return watch.run()
-        finally:
-            running.close()
-            sink.launch_finished(watch.outcomes)
-
-
-@dataclass
-class RemoteLaunch:
-    """One launch under way on the cluster: its id, node slots, message queue and store."""
-
-    cluster: Cluster
-    launch: str
-    slots: list[NodeSlot]
-    inbox: queue.Queue[tuple[str, NodeInfo, Any]]
-    store: LoopbackRendezvous
-
-    @property
-    def world(self) -> int:
-        return sum(len(s.ranks) for s in self.slots)
-
-    def close(self) -> None:
-        self.cluster.close_launch()
-        self.store.close()
-
-
-def begin_launch(cluster: Cluster, job: Job, plan: LaunchPlan, attempt: int) -> RemoteLaunch:
-    """Host a fresh store, route a fresh launch id, and send every live node its part."""
-    import cloudpickle
-
-    nodes = cluster.live_nodes
-    if not nodes:
-        raise PreflightError(f"no node has joined the cluster at {cluster.address}; run `{cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
-    slots = layout(nodes, cluster.host)
-    # By value, with the cell's file name and source: tracebacks on a node show its lines.
-    job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends))
-    launch = new_nonce()[:16]
-    store = LoopbackRendezvous(cluster.host, None)  # bound to the cluster's address only
-    inbox = cluster.open_launch(launch)
-    running = RemoteLaunch(cluster, launch, slots, inbox, store)
-    try:
-        store.start_store(running.world)
-        for slot in slots:
-            spec = _spec(launch, plan, attempt, slot, len(slots), running.world, cluster.host, store.port)
-            if not cluster.send(slot.node, protocol.LAUNCH, launch=launch, raw=protocol.pack_mixed(spec, job_bytes)):
-                inbox.put(("lost", slot.node, "could not be sent the launch (its connection is gone)"))
-    except BaseException:
-        running.close()
-        raise
-    return running
-
-
-def _spec(launch: str, plan: LaunchPlan, attempt: int, slot: NodeSlot, nnodes: int, world: int, master_addr: str, port: int) -> dict[str, Any]:
-    return {
-        "launch": launch,
-        "run_id": f"nbaccel-{launch}-{attempt}",
-        "attempt": attempt,
-        "max_restarts": plan.max_restarts,
-        "node_rank": slot.node_rank,
-        "nnodes": nnodes,
-        "first_rank": slot.ranks[0],
-        "nproc": len(slot.ranks),
-        "world_size": world,
-        "master_addr": master_addr,
-        "master_port": port,
-        "device_type": plan.device_type,
-        "mixed_precision": plan.mixed_precision,
-        "gpus": None,
-    }
+def naming_nodes(error: RankFailedError, launcher: ClusterLauncher) -> NodeRankFailedError:
+    """``error`` again, its headline naming the node of its rank."""
+    group = launcher.last_group
+    where = {rank: group.where(rank) for rank in range(group.num_processes)} if group is not None else {}
+    root = next(o for o in error.outcomes if o.rank == error.rank)
+    renamed = NodeRankFailedError(root, error.outcomes, where)
+    renamed.attempts = error.attempts
+    return renamed
 
 
 def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float) -> LaunchPlan:
-    """The plan of a launch on the cluster's live nodes: CUDA only where every node has GPUs for its ranks."""
+    """The plan of a launch on the cluster's live nodes: CUDA only where every node has a GPU per rank."""
+    options = LaunchOptions(mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu)  # type: ignore[arg-type]  # checked there
     nodes = cluster.live_nodes
     on_gpus = not cpu and bool(nodes) and all(n.gpus >= n.nproc for n in nodes)
     return LaunchPlan(
         num_processes=sum(n.nproc for n in nodes),
         device_type="cuda" if on_gpus else "cpu",
         gpus=None,
-        mixed_precision=mixed_precision,
+        mixed_precision=options.mixed_precision,
         master_addr=cluster.host,
-        max_restarts=max_restarts,
-        timeout=timeout,
-        deadline=None if timeout is None else started + timeout,
+        max_restarts=options.max_restarts,
+        timeout=options.timeout,
+        deadline=None if options.timeout is None else started + options.timeout,
     )
 
 
@@ -183,22 +97,12 @@ def cluster_launcher(
             cluster_launcher(lambda: 1, cluster=cluster)   # [1, 1, 1, 1] on 2 nodes x 2 ranks
     """
     if not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}")
+        raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}; make one with nbaccel.Cluster('HOST:PORT').")
     started = time.monotonic()
+    check_callable(function, args)
     plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started)
-    return run_attempts(ClusterLauncher(cluster), Job(function, tuple(args)), plan, make_sink(output))
-
-
-def run_attempts(launcher: ClusterLauncher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
-    """Attempts until one succeeds or ``max_restarts`` is spent (as nbaccel.launcher does)."""
-    failed: list[list[RankOutcome]] = []
-    for attempt in range(plan.max_restarts + 1):
-        outcomes = launcher.run_attempt(job, plan, attempt, sink)
-        if all(o.status is Status.SUCCEEDED for o in outcomes):
-            return [o.value for o in outcomes]
-        failed.append(outcomes)
-    last = failed[-1]
-    where = {rank: slot.where() for slot in launcher.last_slots for rank in slot.ranks}
-    error = NodeRankFailedError(root_cause(last) or last[0], last, where)
-    error.attempts = failed
-    raise error
+    launcher = ClusterLauncher(cluster)
+    try:
+        return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
+    except RankFailedError as error:
+        raise naming_nodes(error, launcher) from None

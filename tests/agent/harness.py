@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -91,6 +93,12 @@ class CreatesFileBuiltin:
 
     def __reduce__(self) -> Any:
         return (open, (self.path, "w"))
+
+
+def interrupt_main_thread() -> None:
+    """What Jupyter's interrupt does to a kernel: a real SIGINT, delivered to the main thread
+    (``_thread.interrupt_main`` would not wake a thread blocked in select)."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
 def open_fds(pid: int | None = None) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import threading
 import time
 
@@ -12,6 +11,7 @@ from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher
 from nbaccel.errors import LaunchTimeoutError
 from nbaccel.testing import CollectingSink
+from tests.agent.harness import interrupt_main_thread
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,7 +141,7 @@ def test_max_restarts_relaunches_on_every_node_with_a_fresh_run(two_nodes: Clust
 
 
 def test_an_interrupt_stops_every_node_and_the_next_launch_works(two_nodes: Cluster) -> None:
-    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer = threading.Timer(1.0, interrupt_main_thread)
     timer.start()
     started = time.monotonic()
     try:
