@@ -24,8 +24,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from nbaccel import notebook_launcher  # noqa: E402
 from nbaccel.agent.cluster import Cluster  # noqa: E402
-from nbaccel.agent.remote import cluster_launcher  # noqa: E402
 from nbaccel.testing import CollectingSink  # noqa: E402
 
 SCRIPT = """
@@ -97,8 +97,8 @@ def main() -> None:
             agents = [subprocess.Popen(argv) for _ in range(2)]
             try:
                 cluster.wait(nodes=2, timeout=120)
-                ours = median_s(lambda: cluster_launcher(trivial, cluster=cluster, output=CollectingSink()), arguments.runs)
-                ours_gloo = median_s(lambda: cluster_launcher(gloo_all_reduce, cluster=cluster, output=CollectingSink()), arguments.runs)
+                ours = median_s(lambda: notebook_launcher(trivial, cluster=cluster, output=CollectingSink()), arguments.runs)
+                ours_gloo = median_s(lambda: notebook_launcher(gloo_all_reduce, cluster=cluster, output=CollectingSink()), arguments.runs)
             finally:
                 cluster.close()
                 for agent in agents:

@@ -22,8 +22,10 @@ import subprocess
 import sys
 import time
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher, layout
+from nbaccel.agent.cluster_group import layout
+from nbaccel.agent.remote import NodeRankFailedError
 
 
 def where_am_i() -> dict:
@@ -73,12 +75,12 @@ def main() -> int:
             nodes = [slot.node for slot in layout(cluster.live_nodes, cluster.host)]  # in node-rank order
             summary["nodes"] = [(n.host, n.address, n.nproc) for n in nodes]
             started = time.monotonic()
-            summary["values"] = cluster_launcher(where_am_i, cluster=cluster, output="text")
+            summary["values"] = notebook_launcher(where_am_i, cluster=cluster, output="text")
             summary["launch_s"] = round(time.monotonic() - started, 3)
             print("values in rank order:", summary["values"])
             started = time.monotonic()
             try:
-                cluster_launcher(fail_on_node_1, cluster=cluster, output="text")
+                notebook_launcher(fail_on_node_1, cluster=cluster, output="text")
             except NodeRankFailedError as error:
                 print(f"as expected: {str(error).splitlines()[0]}")
                 summary["error"] = {"rank": error.rank, "node": error.node, "headline": str(error).splitlines()[0], "statuses": [o.status.value for o in error.outcomes]}

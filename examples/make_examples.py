@@ -789,8 +789,6 @@ Here both "nodes" are this machine: two agents on loopback, two ranks each.
     code("""
 import os, subprocess, sys
 import nbaccel
-from nbaccel.agent.remote import cluster_launcher
-from nbaccel.agent.remote_pool import start_cluster_workers
 
 cluster = nbaccel.Cluster("127.0.0.1:0")   # on real machines: this machine's private address
 cluster                                     # says what to run on each node
@@ -811,7 +809,7 @@ def where_am_i():
     print(f"rank {state.process_index} of {state.num_processes}, node {os.environ['NODE_RANK']}, local rank {state.local_process_index}")
     return state.process_index, int(os.environ["NODE_RANK"]), total.item()
 
-cluster_launcher(where_am_i, cluster=cluster)
+nbaccel.notebook_launcher(where_am_i, cluster=cluster)
 """),
     md("## A rank that fails on node 1\n\nThe error names the rank and its node, with its traceback; every other rank on every node is stopped."),
     code("""
@@ -821,11 +819,11 @@ def fails_on_node_1():
         raise ValueError("node 1 has had enough")
     time.sleep(30)
 
-cluster_launcher(fails_on_node_1, cluster=cluster)
+nbaccel.notebook_launcher(fails_on_node_1, cluster=cluster)
 """, "raises-exception"),
     md("## Persistent workers across the nodes\n\nOne process group that stays, and namespaces that live from call to call."),
     code("""
-pool = start_cluster_workers(cluster)
+pool = nbaccel.start_workers(cluster=cluster)
 print(pool.run(lambda: int(os.environ["RANK"])))   # the same workers each time
 pool.push(offset=100)                               # a variable in every rank's namespace
 pool.pull("offset", rank=3)

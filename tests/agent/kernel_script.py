@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import cluster_launcher
 from nbaccel.testing import CollectingSink
 
 
@@ -26,7 +26,7 @@ def main() -> None:
     print(json.dumps({"address": cluster.address, "token_file": cluster.token_file}), flush=True)
     cluster.wait(nodes=int(sys.argv[1]), timeout=60)
     threading.Timer(0.5, lambda: print("launched", flush=True)).start()
-    cluster_launcher(_sleep, cluster=cluster, output=CollectingSink())
+    notebook_launcher(_sleep, cluster=cluster, output=CollectingSink())
     time.sleep(120)
 
 

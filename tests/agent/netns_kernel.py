@@ -12,8 +12,10 @@ import sys
 import threading
 import time
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher, layout
+from nbaccel.agent.cluster_group import layout
+from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 
 
@@ -44,12 +46,12 @@ def main() -> None:
         report["nodes"] = [n.address for n in nodes]
         sockets: list[str] = []
         threading.Timer(1.0, lambda: sockets.extend(listening([]) + listening(ns1))).start()
-        report["values"] = cluster_launcher(hold, (2.0,), cluster=cluster, output=CollectingSink())
+        report["values"] = notebook_launcher(hold, (2.0,), cluster=cluster, output=CollectingSink())
         report["listening"] = sockets
         cut_at: list[float] = []
         threading.Timer(1.5, lambda: (cut_at.append(time.monotonic()), subprocess.run(cut, timeout=10))).start()
         try:
-            cluster_launcher(hold, (60.0,), cluster=cluster, output=CollectingSink())
+            notebook_launcher(hold, (60.0,), cluster=cluster, output=CollectingSink())
         except NodeRankFailedError as error:
             report["failed_after_cut_s"] = round(time.monotonic() - cut_at[0], 2)
             report["error"] = str(error).splitlines()[0]

@@ -13,8 +13,9 @@ import time
 import psutil
 import pytest
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher
+from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import agent_argv, descendants, start_agents, stop_agents, wait_until
 
@@ -47,7 +48,7 @@ def test_a_killed_node_fails_the_launch_naming_it_and_leaves_no_process() -> Non
 
             threading.Thread(target=kill_node_1, daemon=True).start()
             with pytest.raises(NodeRankFailedError) as caught:
-                cluster_launcher(_sleep_long, cluster=cluster, output=CollectingSink())
+                notebook_launcher(_sleep_long, cluster=cluster, output=CollectingSink())
             killed_at = time.monotonic()
             error = caught.value
             assert error.exc_type == "NodeLostError" and error.rank in (2, 3)
@@ -55,7 +56,7 @@ def test_a_killed_node_fails_the_launch_naming_it_and_leaves_no_process() -> Non
             assert [o.status.value for o in error.outcomes] == ["stopped", "stopped", "failed", "failed"]
             assert wait_until(lambda: not _alive(ranks), 5.0), f"ranks left running: {_alive(ranks)}"
             assert time.monotonic() - killed_at < 5.0
-            assert cluster_launcher(lambda: "survivor", cluster=cluster, output=CollectingSink()) == ["survivor"] * 2
+            assert notebook_launcher(lambda: "survivor", cluster=cluster, output=CollectingSink()) == ["survivor"] * 2
         finally:
             cluster.close()
             stop_agents(agents)

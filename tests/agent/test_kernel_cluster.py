@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 SETUP = """
 import subprocess, sys, os, time
 import nbaccel
-from nbaccel.agent.remote import cluster_launcher
+from nbaccel import notebook_launcher
 cluster = nbaccel.Cluster("127.0.0.1:0")
 argv = [sys.executable, "-m", "nbaccel.agent", cluster.address, "--token-file", cluster.token_file, "--nproc-per-node", "2"]
 # Own sessions: Jupyter's interrupt signals the kernel's whole process group.
@@ -42,19 +42,19 @@ def test_notebook_functions_run_on_every_node_with_labelled_output_and_cell_trac
     with running_kernel() as kernel:
         assert kernel.execute(SETUP, timeout=90).stdout.strip().endswith("2 nodes")
         assert kernel.execute(DEFINE).status == "ok"
-        run = kernel.execute("print(cluster_launcher(where, (10,), cluster=cluster))")
+        run = kernel.execute("print(notebook_launcher(where, (10,), cluster=cluster))")
         assert run.status == "ok", run.error
         for rank in range(4):
             assert f"[rank {rank}] rank {rank} on node {rank // 2}, world 4" in run.stdout
         assert run.stdout.strip().endswith("[0, 10, 20, 30]")
-        failed = kernel.execute("cluster_launcher(boom, cluster=cluster)")
+        failed = kernel.execute("notebook_launcher(boom, cluster=cluster)")
         assert failed.error is not None and failed.error["ename"] == "NodeRankFailedError"
         text = "\n".join(failed.error["traceback"])
         assert "rank 3 on node 1 (" in text and "KeyError: 'defined in a cell'" in text and "Cell In[" in text and 'raise KeyError("defined in a cell")' in text
-        interrupted = kernel.execute("cluster_launcher(forever, cluster=cluster)", interrupt_after=1.5, timeout=30)
+        interrupted = kernel.execute("notebook_launcher(forever, cluster=cluster)", interrupt_after=1.5, timeout=30)
         assert interrupted.error is not None and interrupted.error["ename"] == "KeyboardInterrupt"
         assert interrupted.elapsed < 1.5 + 5.0
-        assert kernel.execute("print(cluster_launcher(lambda: 'again', cluster=cluster))").stdout.strip().endswith("['again', 'again', 'again', 'again']")
+        assert kernel.execute("print(notebook_launcher(lambda: 'again', cluster=cluster))").stdout.strip().endswith("['again', 'again', 'again', 'again']")
         pids = kernel.execute("print(*[a.pid for a in agents])").stdout.split()
         closed = kernel.execute("cluster.close(); print([a.wait(10) for a in agents])")
         assert closed.stdout.strip() == "[0, 0]"

@@ -8,8 +8,9 @@ import threading
 import psutil
 import pytest
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher
+from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, open_fds, wait_until
 
@@ -29,14 +30,14 @@ def _fail_on_rank_1() -> None:
 
 def test_fifty_launches_leave_nothing_behind(two_nodes: Cluster) -> None:
     agents = [a.pid for a in two_nodes.agents]  # type: ignore[attr-defined]
-    cluster_launcher(lambda: 0, cluster=two_nodes, output=CollectingSink())  # warm: lazily imported modules
+    notebook_launcher(lambda: 0, cluster=two_nodes, output=CollectingSink())  # warm: lazily imported modules
     before = (open_fds(), threading.active_count(), [open_fds(a) for a in agents], _listening())
     for i in range(50):
         if i % 10 == 9:
             with pytest.raises(NodeRankFailedError):
-                cluster_launcher(_fail_on_rank_1, cluster=two_nodes, output=CollectingSink())
+                notebook_launcher(_fail_on_rank_1, cluster=two_nodes, output=CollectingSink())
         else:
-            assert cluster_launcher(lambda: os.getpid(), cluster=two_nodes, output=CollectingSink()) != []
+            assert notebook_launcher(lambda: os.getpid(), cluster=two_nodes, output=CollectingSink()) != []
     assert not any(descendants(a) for a in agents)
     # An agent frees a launch's pipes right after reporting it finished: give it a moment.
     assert wait_until(lambda: [open_fds(a) for a in agents] == before[2], 2.0), ([open_fds(a) for a in agents], before[2])

@@ -41,7 +41,9 @@ def test_the_two_node_example_runs_across_namespaces(net: netns.Namespaces) -> N
     assert [(v["rank"], v["node"], v["sum"]) for v in summary["values"]] == [(0, 0, 6.0), (1, 0, 6.0), (2, 1, 6.0), (3, 1, 6.0)]
     assert [v["gloo_interface"] for v in summary["values"]] == [net.veths[0]] * 2 + [net.veths[1]] * 2
     assert summary["error"]["headline"].startswith("rank 3 on node 1 (") and net.addresses[1] in summary["error"]["headline"]
-    assert summary["error"]["statuses"] == ["stopped", "stopped", "stopped", "failed"]
+    # A peer's "connection closed" may reach the kernel before rank 3's own error (another node's
+    # path): that peer then counts as failed too, but never as the root cause.
+    assert summary["error"]["statuses"][3] == "failed" and set(summary["error"]["statuses"][:3]) <= {"stopped", "failed"}
     assert summary["agent_exit_codes"] == [0, 0]
 
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.remote import NodeRankFailedError, cluster_launcher
-from nbaccel.agent.remote_pool import start_cluster_workers
-from nbaccel.pool import PoolStoppedError
+from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel.pool import PoolStoppedError, start_workers
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, interrupt_main_thread, wait_until
 
@@ -28,7 +28,7 @@ def _all_reduce() -> float:
 
 def test_a_pool_across_nodes_keeps_its_group_and_namespaces(two_nodes: Cluster) -> None:
     agents = [a.pid for a in two_nodes.agents]  # type: ignore[attr-defined]
-    pool = start_cluster_workers(two_nodes)
+    pool = start_workers(cluster=two_nodes)
     try:
         workers = [p for a in agents for p in descendants(a)]
         assert len(workers) == 4 and pool.devices == ["cpu"] * 4
@@ -50,7 +50,7 @@ def test_a_pool_across_nodes_keeps_its_group_and_namespaces(two_nodes: Cluster) 
     assert wait_until(lambda: not any(descendants(a) for a in agents), 3.0)
     with pytest.raises(PoolStoppedError):
         pool.run(lambda: 1)
-    assert cluster_launcher(lambda: 1, cluster=two_nodes, output=CollectingSink()) == [1] * 4  # the cluster is free again
+    assert notebook_launcher(lambda: 1, cluster=two_nodes, output=CollectingSink()) == [1] * 4  # the cluster is free again
 
 
 def _nap() -> None:
@@ -60,7 +60,7 @@ def _nap() -> None:
 
 
 def test_an_interrupted_task_leaves_the_pool_alive(two_nodes: Cluster) -> None:
-    with start_cluster_workers(two_nodes) as pool:
+    with start_workers(cluster=two_nodes) as pool:
         timer = threading.Timer(1.0, interrupt_main_thread)
         timer.start()
         started = time.monotonic()

@@ -13,9 +13,9 @@ import time
 import psutil
 import pytest
 
+from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.link import cluster_id
-from nbaccel.agent.remote import cluster_launcher
 from nbaccel.agent.signing import new_secret, read_token, seal
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import CreatesFile, agent_argv, descendants, poison, stop_agents, wait_until
@@ -41,7 +41,7 @@ def test_unsigned_and_mis_signed_bytes_sent_to_the_cluster_never_run(two_nodes: 
             refused = len(two_nodes.refused)
     assert not target.exists()
     assert len(two_nodes.live_nodes) == 2
-    assert cluster_launcher(lambda: 1, cluster=two_nodes, output=CollectingSink()) == [1] * 4
+    assert notebook_launcher(lambda: 1, cluster=two_nodes, output=CollectingSink()) == [1] * 4
 
 
 def _poison_the_store(path: str) -> int:
@@ -62,10 +62,10 @@ def _poison_the_store(path: str) -> int:
 
 def test_poison_written_into_the_rendezvous_store_is_never_unpickled(two_nodes: Cluster, tmp_path) -> None:
     target = tmp_path / "executed"
-    assert cluster_launcher(_poison_the_store, (str(target),), cluster=two_nodes, output=CollectingSink()) == [0, 1, 2, 3]
+    assert notebook_launcher(_poison_the_store, (str(target),), cluster=two_nodes, output=CollectingSink()) == [0, 1, 2, 3]
     time.sleep(0.3)
     assert not target.exists()
-    assert cluster_launcher(lambda: 2, cluster=two_nodes, output=CollectingSink()) == [2] * 4
+    assert notebook_launcher(lambda: 2, cluster=two_nodes, output=CollectingSink()) == [2] * 4
 
 
 def _returns_poison(path: str, ran: str) -> CreatesFile:
@@ -80,7 +80,7 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
         agent = subprocess.Popen(agent_argv(proxy.address, cluster.token_file, 1), stderr=subprocess.PIPE, text=True)
         try:
             cluster.wait(nodes=1, timeout=60)
-            values = cluster_launcher(_returns_poison, (str(in_kernel), str(ran)), cluster=cluster, output=CollectingSink())
+            values = notebook_launcher(_returns_poison, (str(in_kernel), str(ran)), cluster=cluster, output=CollectingSink())
             assert values == [str(in_kernel)] and in_kernel.exists()  # the genuine delivery, once
             in_kernel.unlink()
             results = [f for f in proxy.frames["to_kernel"]["frame"]]
@@ -96,7 +96,7 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
             time.sleep(0.5)
             assert not in_kernel.exists()
             assert ran.read_text() == "ran\n" and not descendants(agent.pid)
-            assert cluster_launcher(lambda: 3, cluster=cluster, output=CollectingSink()) == [3]
+            assert notebook_launcher(lambda: 3, cluster=cluster, output=CollectingSink()) == [3]
             assert len(cluster.live_nodes) == 1
         finally:
             cluster.close()
@@ -148,7 +148,7 @@ def test_during_a_launch_every_listening_socket_is_on_the_clusters_address(two_n
 
     thread = threading.Thread(target=watch)
     thread.start()
-    cluster_launcher(look, cluster=two_nodes, output=CollectingSink())
+    notebook_launcher(look, cluster=two_nodes, output=CollectingSink())
     thread.join()
     assert len(seen) >= 2  # the cluster and the launch's store at least
     assert {ip for ip, _ in seen} == {"127.0.0.1"}, seen
