@@ -88,6 +88,7 @@ class DistributedMagics(Magics):
     @magic_arguments.argument("--max-restarts", type=non_negative_int, metavar="K", help="relaunch every rank after a failure, up to K times (default: 0)")
     @magic_arguments.argument("--ranks", type=rank_list, metavar="0,2", help="with running workers: run the cell on these ranks only; its result is the lowest one's value")
     @magic_arguments.argument("-o", "--out", type=variable_name, metavar="NAME", help="store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)")
+    @magic_arguments.argument("--cluster", type=variable_name, metavar="NAME", help="run on every rank of every node of the nbaccel.Cluster bound to NAME (docs/multinode.md)")
     @magic_arguments.argument("--text", action="store_true", help="show output as text lines labelled [rank N]")
     @magic_arguments.argument("--widgets", action="store_true", help="show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)")
     @cell_magic(MAGIC_NAME)  # type: ignore[arg-type]  # IPython's stub, as line_magic above
@@ -135,6 +136,8 @@ class DistributedMagics(Magics):
         __tracebackhide__ = True
         check_one_shot(args)
         kwargs = launcher_arguments(args)
+        if args.cluster is not None:
+            kwargs = self._on_cluster(args.cluster, kwargs)
         function = self._compile(line, cell, lambda source, **options: compile_cell(source, self.shell.user_ns, **options))
         note = self.workers.one_shot_note(kwargs.get("num_processes") or len(kwargs.get("gpus") or ()))
         if note:
@@ -143,6 +146,18 @@ class DistributedMagics(Magics):
         if args.out is not None:
             self.shell.user_ns[args.out] = values
         return values[0] if values else None
+
+    def _on_cluster(self, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` for a launch on the cluster bound to ``name`` (rank counts come from its nodes)."""
+        from nbaccel.agent.cluster import Cluster
+
+        cluster = self.shell.user_ns.get(name)
+        if not isinstance(cluster, Cluster):
+            raise UsageError(f"--cluster {name}: {name!r} is not an nbaccel.Cluster in the notebook (it is {type(cluster).__name__}); make one first: {name} = nbaccel.Cluster('HOST:PORT').")
+        clashing = [f"--{option.replace('_', '-')}" for option in ("num_processes", "gpus", "start_method") if option in kwargs]
+        if clashing:
+            raise UsageError(f"--cluster {name} takes its ranks from the nodes' agents (--nproc-per-node there): drop {', '.join(clashing)}.")
+        return {**kwargs, "cluster": cluster}
 
     def _parse(self, line: str) -> argparse.Namespace:
         try:

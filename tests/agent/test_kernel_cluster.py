@@ -55,6 +55,12 @@ def test_notebook_functions_run_on_every_node_with_labelled_output_and_cell_trac
         assert interrupted.error is not None and interrupted.error["ename"] == "KeyboardInterrupt"
         assert interrupted.elapsed < 1.5 + 5.0
         assert kernel.execute("print(notebook_launcher(lambda: 'again', cluster=cluster))").stdout.strip().endswith("['again', 'again', 'again', 'again']")
+        kernel.execute("%load_ext nbaccel")
+        cell = kernel.execute("%%distributed --cluster cluster --text\nprint('node', os.environ['NODE_RANK'])\nint(os.environ['RANK']) * 2")
+        assert cell.status == "ok", cell.error
+        assert "[rank 3] node 1" in cell.stdout and cell.of_type("execute_result")[0]["content"]["data"]["text/plain"] == "0"
+        misuse = kernel.execute("%%distributed --cluster nowhere\n1")
+        assert "UsageError" in misuse.stderr and "not an nbaccel.Cluster" in misuse.stderr  # one line, no traceback
         pids = kernel.execute("print(*[a.pid for a in agents])").stdout.split()
         closed = kernel.execute("cluster.close(); print([a.wait(10) for a in agents])")
         assert closed.stdout.strip() == "[0, 0]"
