@@ -38,8 +38,8 @@ def forever():
 """
 
 
-def test_notebook_functions_run_on_every_node_with_labelled_output_and_cell_tracebacks() -> None:
-    with running_kernel() as kernel:
+def test_notebook_functions_run_on_every_node_with_labelled_output_and_cell_tracebacks(tmp_path) -> None:
+    with running_kernel({"NBACCEL_LOG_DIR": str(tmp_path)}) as kernel:
         assert kernel.execute(SETUP, timeout=90).stdout.strip().endswith("2 nodes")
         assert kernel.execute(DEFINE).status == "ok"
         run = kernel.execute("print(notebook_launcher(where, (10,), cluster=cluster))")
@@ -47,6 +47,10 @@ def test_notebook_functions_run_on_every_node_with_labelled_output_and_cell_trac
         for rank in range(4):
             assert f"[rank {rank}] rank {rank} on node {rank // 2}, world 4" in run.stdout
         assert run.stdout.strip().endswith("[0, 10, 20, 30]")
+        shown = kernel.execute("notebook_launcher(where, (1,), cluster=cluster, output='widgets');")
+        assert shown.status == "ok" and shown.of_type("comm_open"), "the remote ranks' output went to widgets"
+        logs = sorted(tmp_path.glob("*/rank3.log"))  # the kernel's per-launch log folder, remote ranks too
+        assert logs and "rank 3 on node 1, world 4" in logs[-1].read_text()
         failed = kernel.execute("notebook_launcher(boom, cluster=cluster)")
         assert failed.error is not None and failed.error["ename"] == "NodeRankFailedError"
         text = "\n".join(failed.error["traceback"])
