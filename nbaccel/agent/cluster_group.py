@@ -157,7 +157,7 @@ class ClusterRankGroup:
         if slot is None or slot.done:
             return
         if kind == "lost":
-            self._lose(slot, str(item))
+            self._lose(slot, f"was lost: {item}")
             return
         if item.kind == protocol.LINES:
             body = item.json()
@@ -180,7 +180,7 @@ class ClusterRankGroup:
         elif item.kind == protocol.FINISHED:
             slot.done = True
         elif item.kind == protocol.FAILED:
-            self._lose(slot, f"could not start its ranks: {item.json()['message']}", error_type="NodeStartError")
+            self._lose(slot, f"could not start its ranks ({item.json()['message']})", error_type="NodeStartError")
 
     def _exit(self, rank: int, code: int, signalled: bool) -> None:
         if rank in self._codes:
@@ -195,7 +195,7 @@ class ClusterRankGroup:
         """A node is gone: its ranks still running fail naming it (unless a stop is under way) and end."""
         slot.done = True
         running = [rank for rank in slot.ranks if rank not in self._codes]
-        message = f"{slot.where()} {reason}; its ranks {', '.join(map(str, running))} are lost"
+        message = f"{slot.where()} {reason}; its ranks {', '.join(map(str, running))} ended with it"
         fields = {"type_name": error_type, "message": message, "traceback": "", "timestamp": time.time()}
         for rank in running:
             outcome = self._loop.outcomes.get(rank) if self._loop is not None else None

@@ -52,7 +52,7 @@ def test_a_killed_node_fails_the_launch_naming_it_and_leaves_no_process() -> Non
             killed_at = time.monotonic()
             error = caught.value
             assert error.exc_type == "NodeLostError" and error.rank in (2, 3)
-            assert "node 1 (" in str(error) and "its ranks 2, 3 are lost" in str(error)
+            assert "node 1 (" in str(error) and "was lost: its connection closed" in str(error) and "its ranks 2, 3 ended with it" in str(error)
             assert [o.status.value for o in error.outcomes] == ["stopped", "stopped", "failed", "failed"]
             assert wait_until(lambda: not _alive(ranks), 5.0), f"ranks left running: {_alive(ranks)}"
             assert time.monotonic() - killed_at < 5.0
