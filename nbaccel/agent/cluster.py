@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import html
 import ipaddress
 import logging
@@ -26,6 +27,7 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +110,16 @@ class NodeInfo:
         return f"{self.name} ({self.host}, {self.address})"
 
 
+_OPEN_CLUSTERS: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_every_cluster() -> None:
+    """At kernel shutdown: tell the agents (they stop their ranks) and remove the token files."""
+    for cluster in list(_OPEN_CLUSTERS):
+        cluster.close()
+
+
 def _listen(host: str, port: int) -> socket.socket:
     try:
         unspecified = ipaddress.ip_address(host).is_unspecified
@@ -154,6 +166,7 @@ class Cluster:
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="nbaccel-cluster", daemon=True)
         self._thread.start()
+        _OPEN_CLUSTERS.add(self)
 
     # -- the public face -----------------------------------------------------------------------
 
@@ -192,6 +205,7 @@ class Cluster:
         for node in self.live_nodes:
             self.send(node, protocol.CLOSE)
         self._closed = True
+        _OPEN_CLUSTERS.discard(self)
         os.write(self._wake_w, b"x")
         self._thread.join(5.0)
         try:

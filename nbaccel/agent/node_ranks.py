@@ -59,7 +59,11 @@ def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> di
         visible_gpus=spec.get("gpus"),
     )
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        env[name] = os.environ.get(name) or interface or env[name]
+        chosen = os.environ.get(name) or interface  # the user's choice, else the cluster's interface
+        if chosen:
+            env[name] = chosen
+        else:  # unknown (an IPv6 link, say): loopback would be wrong across nodes; let gloo choose
+            env.pop(name, None)
     env.update(
         TORCHELASTIC_RUN_ID=spec["run_id"],
         ROLE_NAME="default",

@@ -97,3 +97,16 @@ def _eventually(condition, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return bool(condition())
+
+
+def test_the_agent_is_a_console_script_with_help() -> None:
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from nbaccel.agent import cli
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["nbaccel-agent"] == "nbaccel.agent.cli:main" and callable(cli.main)
+    run = subprocess.run([sys.executable, "-m", "nbaccel.agent", "--help"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and "--nproc-per-node" in run.stdout and "--token-file" in run.stdout

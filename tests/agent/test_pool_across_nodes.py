@@ -44,6 +44,7 @@ def test_a_pool_across_nodes_keeps_its_group_and_namespaces(two_nodes: Cluster) 
         with pytest.raises(NodeRankFailedError, match="rank 2 on node 1"):
             pool.run(lambda: 1 / (int(__import__("os").environ["RANK"]) - 2))
         assert pool.run(lambda: "still here") == ["still here"] * 4  # a failing task keeps the workers
+        assert [(s.rank, s.state) for s in pool.status()] == [(r, "idle") for r in range(4)]
         assert [p for a in agents for p in descendants(a)] == workers
     finally:
         pool.stop()
