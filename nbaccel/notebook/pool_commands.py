@@ -48,6 +48,7 @@ def _add_start(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     start.add_argument("--cpu", action="store_true", help="run CPU ranks on gloo even where GPUs are visible")
     start.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, help="exported to nbaccel's state and Accelerate (default: no)")
     start.add_argument("--start-method", choices=START_METHODS, help="fork the kernel (the ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces)")
+    start.add_argument("--cluster", type=variable_name, metavar="NAME", help="start the workers on every node of the nbaccel.Cluster bound to NAME (empty namespaces; docs/multinode.md)")
 
 
 def _add_transfers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

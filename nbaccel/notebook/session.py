@@ -74,12 +74,25 @@ class NotebookWorkers:
         from nbaccel.errors import PreflightError
 
         options = {name: getattr(args, name) for name in _START_OPTIONS if getattr(args, name) is not None}
+        if getattr(args, "cluster", None) is not None:
+            options = self._on_cluster(args.cluster, options)
         started = time.monotonic()
         try:
             self.pool = start_workers(cpu=args.cpu, namespace=self.user_ns, **options)
         except (ValueError, TypeError, PreflightError) as error:  # refused before any rank started
             raise UsageError(f"%distributed start: {error}") from None
         self._say_ready(time.monotonic() - started)
+
+    def _on_cluster(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        from nbaccel.agent.cluster import Cluster
+
+        cluster = self.user_ns.get(name)
+        if not isinstance(cluster, Cluster):
+            raise UsageError(f"%distributed start --cluster {name}: {name!r} is not an nbaccel.Cluster in the notebook (it is {type(cluster).__name__}); make one first: {name} = nbaccel.Cluster('HOST:PORT').")
+        clashing = [f"--{option.replace('_', '-')}" for option in ("num_processes", "gpus", "start_method") if option in options]
+        if clashing:
+            raise UsageError(f"%distributed start --cluster {name} takes its ranks from the nodes' agents (--nproc-per-node there): drop {', '.join(clashing)}.")
+        return {**options, "cluster": cluster}
 
     def stop(self, args: argparse.Namespace | None = None) -> None:
         pool, self.pool = self.pool, None

@@ -65,6 +65,13 @@ def test_notebook_functions_run_on_every_node_with_labelled_output_and_cell_trac
         assert "[rank 3] node 1" in cell.stdout and cell.of_type("execute_result")[0]["content"]["data"]["text/plain"] == "0"
         misuse = kernel.execute("%%distributed --cluster nowhere\n1")
         assert "UsageError" in misuse.stderr and "not an nbaccel.Cluster" in misuse.stderr  # one line, no traceback
+        started = kernel.execute("%distributed start --cluster cluster")
+        assert started.status == "ok" and "4 workers" in started.stdout, started.stdout + started.stderr
+        # A node's namespace starts empty (it cannot inherit the notebook's): the cell imports os.
+        assert kernel.execute("%%distributed\nimport os\nremembered = int(os.environ['RANK']) * 3").status == "ok"
+        kept = kernel.execute("%%distributed -o kept\nremembered")
+        assert kept.status == "ok" and kernel.execute("print(kept)").stdout.strip() == "[0, 3, 6, 9]"
+        assert kernel.execute("%distributed stop").status == "ok"
         pids = kernel.execute("print(*[a.pid for a in agents])").stdout.split()
         closed = kernel.execute("cluster.close(); print([a.wait(10) for a in agents])")
         assert closed.stdout.strip() == "[0, 0]"
