@@ -89,7 +89,7 @@ def notebook_launcher(
     if cluster is not None:
         from nbaccel.agent.remote import cluster_launcher
 
-        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output)
+        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report)
     started = time.monotonic()
     check_callable(function, args)
     options = LaunchOptions(

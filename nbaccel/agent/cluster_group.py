@@ -34,6 +34,7 @@ from nbaccel.errors import PreflightError
 from nbaccel.launch.outcome import Status
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import Launcher, LaunchPlan
+from nbaccel.launch.stacks import RankStack
 from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events
 from nbaccel.wire.portable import Sourced
@@ -234,8 +235,8 @@ class ClusterRankGroup:
         """The node a rank runs on, for error messages."""
         return self.slot_of[rank].where()
 
-    def stacks(self, ranks: Iterable[int]) -> dict[int, Any]:
-        return {}  # a remote rank's stack is not collected (yet)
+    def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
+        return {}  # not collected from remote ranks yet (the agent would relay nbaccel.rank.stack_dump)
 
     def release(self) -> None:
         for slot in self.slots:

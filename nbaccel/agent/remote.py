@@ -57,9 +57,9 @@ def naming_nodes(error: RankFailedError, launcher: ClusterLauncher) -> NodeRankF
     return renamed
 
 
-def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float) -> LaunchPlan:
+def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float, stall_report: float | None = None) -> LaunchPlan:
     """The plan of a launch on the cluster's live nodes: CUDA only where every node has a GPU per rank."""
-    options = LaunchOptions(mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu)  # type: ignore[arg-type]  # checked there
+    options = LaunchOptions(mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, stall_report=stall_report)  # type: ignore[arg-type]  # checked there
     nodes = cluster.live_nodes
     on_gpus = not cpu and bool(nodes) and all(n.gpus >= n.nproc for n in nodes)
     return LaunchPlan(
@@ -71,6 +71,7 @@ def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, 
         max_restarts=options.max_restarts,
         timeout=options.timeout,
         deadline=None if options.timeout is None else started + options.timeout,
+        stall_report=options.stall_report,  # a remote rank's stack is not collected yet: only the note shows
     )
 
 
@@ -84,6 +85,7 @@ def cluster_launcher(
     max_restarts: int = 0,
     cpu: bool = False,
     output: str | Sink | None = None,
+    stall_report: float | None = None,
 ) -> list[Any]:
     """Run ``function(*args)`` on every rank of every node of ``cluster``; values in global rank order.
 
@@ -100,7 +102,7 @@ def cluster_launcher(
         raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}; make one with nbaccel.Cluster('HOST:PORT').")
     started = time.monotonic()
     check_callable(function, args)
-    plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started)
+    plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started, stall_report)
     launcher = ClusterLauncher(cluster)
     try:
         return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))

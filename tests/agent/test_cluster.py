@@ -101,8 +101,9 @@ def _eventually(condition, timeout: float) -> bool:
 
 def test_the_agent_is_a_console_script_with_help() -> None:
     import sys
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from nbaccel.agent import cli
 

@@ -36,7 +36,7 @@ def _run_in_ns0(net: netns.Namespaces, *argv: str) -> dict:
 
 def test_the_two_node_example_runs_across_namespaces(net: netns.Namespaces) -> None:
     ns1 = " ".join(net.exec_in(1))
-    summary = _run_in_ns0(net, "examples/06_two_nodes.py", f"{net.addresses[0]}:0", "--node", "", "--node", ns1)
+    summary = _run_in_ns0(net, "examples/08_two_nodes.py", f"{net.addresses[0]}:0", "--node", "", "--node", ns1)
     assert [n[1] for n in summary["nodes"]] == list(net.addresses)
     assert [(v["rank"], v["node"], v["sum"]) for v in summary["values"]] == [(0, 0, 6.0), (1, 0, 6.0), (2, 1, 6.0), (3, 1, 6.0)]
     assert [v["gloo_interface"] for v in summary["values"]] == [net.veths[0]] * 2 + [net.veths[1]] * 2

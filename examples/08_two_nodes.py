@@ -5,8 +5,8 @@ command on each node (by hand, ssh or srun: docs/multinode.md), and launch. Here
 starts the agents itself, each behind an optional command prefix, so CI can put every "node" in
 its own network namespace::
 
-    python examples/06_two_nodes.py 127.0.0.1:0                       # two agents on loopback
-    ip netns exec ns0 python examples/06_two_nodes.py 10.231.0.1:0 \\
+    python examples/08_two_nodes.py 127.0.0.1:0                       # two agents on loopback
+    ip netns exec ns0 python examples/08_two_nodes.py 10.231.0.1:0 \\
         --node "" --node "ip netns exec ns1"                          # one agent per namespace
 
 It prints every rank's output live (rank 0 first), the values in rank order, the root-cause
