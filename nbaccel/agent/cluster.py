@@ -21,8 +21,6 @@ import html
 import ipaddress
 import logging
 import os
-import queue
-import select
 import selectors
 import socket
 import threading
@@ -32,63 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbaccel.agent import protocol
+from nbaccel.agent.inbox import LaunchInbox
 from nbaccel.agent.link import Link, new_nonce
 from nbaccel.agent.node import split_address
 from nbaccel.agent.signing import Message, new_secret, write_token_file
 
 log = logging.getLogger("nbaccel.cluster")
-
-
-class LaunchInbox:
-    """One launch's messages from the cluster's thread, with a pipe that is readable while any wait.
-
-    The engine's event loop waits on file descriptors; ``fd`` lets it wait on this queue too.
-    """
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[str, NodeInfo, Any]] = queue.Queue()
-        self.fd, self._wake = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._wake, False)
-        self._lock = threading.Lock()  # the cluster's thread must never write to a closed (reused) fd
-        self._closed = False
-
-    def put(self, item: tuple[str, NodeInfo, Any]) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self.queue.put(item)
-            try:
-                os.write(self._wake, b"x")
-            except BlockingIOError:  # full: the reader is behind and will look anyway
-                pass
-
-    def take(self) -> list[tuple[str, NodeInfo, Any]]:
-        """Everything waiting now (never blocks)."""
-        try:
-            while os.read(self.fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-        items = []
-        while True:
-            try:
-                items.append(self.queue.get_nowait())
-            except queue.Empty:
-                return items
-
-    def wait(self, timeout: float) -> list[tuple[str, NodeInfo, Any]]:
-        """What arrives within ``timeout`` seconds (outside an event loop)."""
-        select.select([self.fd], [], [], max(0.0, timeout))
-        return self.take()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            os.close(self.fd)
-            os.close(self._wake)
 
 
 @dataclass

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbaccel.agent import protocol
-from nbaccel.agent.cluster import Cluster, LaunchInbox, NodeInfo
+from nbaccel.agent.cluster import Cluster, NodeInfo
+from nbaccel.agent.inbox import LaunchInbox
 from nbaccel.agent.link import new_nonce
 from nbaccel.errors import PreflightError
 from nbaccel.launch.outcome import Status
