@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from nbaccel.agent import protocol
 from nbaccel.agent.cluster import Cluster, NodeInfo
-from nbaccel.agent.inbox import LaunchInbox
+from nbaccel.agent.inbox import Item, LaunchInbox
 from nbaccel.agent.link import new_nonce
 from nbaccel.errors import PreflightError
-from nbaccel.launch.outcome import Status
+from nbaccel.launch.outcome import Status, with_cell_names
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import Launcher, LaunchPlan
-from nbaccel.launch.stacks import RankStack
+from nbaccel.launch.stacks import RankStack, summarise, without_launch_frames
 from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events
 from nbaccel.wire.portable import Sourced
@@ -102,6 +102,7 @@ class ClusterRankGroup:
         self._lines: dict[int, deque[str]] = {rank: deque(maxlen=_LAST_LINES) for rank in self.slot_of}
         self._loop: EventLoop | None = None
         self._closed = False
+        self._deferred: list[Item] = []  # set aside while stacks() waited for its answers
 
     @property
     def num_processes(self) -> int:
@@ -151,7 +152,8 @@ class ClusterRankGroup:
         return None  # the cluster's thread notices lost nodes and says so in the inbox
 
     def _on_inbox(self) -> None:
-        for kind, node, item in self.inbox.take():
+        items, self._deferred = [*self._deferred, *self.inbox.take()], []
+        for kind, node, item in items:
             self._handle(kind, node, item)
 
     def _handle(self, kind: str, node: NodeInfo, item: Any) -> None:
@@ -236,8 +238,32 @@ class ClusterRankGroup:
         """The node a rank runs on, for error messages."""
         return self.slot_of[rank].where()
 
-    def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
-        return {}  # not collected from remote ranks yet (the agent would relay nbaccel.rank.stack_dump)
+    def stacks(self, ranks: Iterable[int], timeout: float = 3.0) -> dict[int, RankStack]:
+        """Ask the nodes for their running ranks' stacks; what arrives within ``timeout``.
+
+        Other messages that arrive meanwhile are set aside for the loop (this is called from
+        inside it, by a policy), and the inbox is nudged so the loop sees them next.
+        """
+        chosen = [rank for rank in ranks if rank not in self._codes]
+        asked = {id(slot.node): slot for slot in self.slots if not slot.done and any(r in slot.ranks for r in chosen)}
+        for slot in asked.values():
+            self.cluster.send(slot.node, protocol.STACKS, {"ranks": [r for r in chosen if r in slot.ranks]}, self.launch)
+        found: dict[int, RankStack] = {}
+        deadline = time.monotonic() + timeout
+        while asked and time.monotonic() < deadline:
+            for item in self.inbox.wait(deadline - time.monotonic()):
+                kind, node, message = item
+                if kind == "message" and message.kind == protocol.STACKS and id(node) in asked:
+                    del asked[id(node)]
+                    for rank, text in (message.json().get("stacks") or {}).items():
+                        found[int(rank)] = RankStack(int(rank), with_cell_names(without_launch_frames(text)), summarise(int(rank), text))
+                else:
+                    self._deferred.append(item)
+                    if kind == "lost":
+                        asked.pop(id(node), None)
+        if self._deferred:
+            self.inbox.nudge()
+        return found
 
     def release(self) -> None:
         for slot in self.slots:

@@ -49,6 +49,15 @@ class LaunchInbox:
             except BlockingIOError:  # full: the reader is behind and will look anyway
                 pass
 
+    def nudge(self) -> None:
+        """Make ``fd`` readable again (items were set aside and still need the loop)."""
+        with self._lock:
+            if not self._closed:
+                try:
+                    os.write(self._wake, b"x")
+                except BlockingIOError:
+                    pass
+
     def take(self) -> list[Item]:
         """Everything waiting now (never blocks)."""
         try:

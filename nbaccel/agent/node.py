@@ -199,6 +199,8 @@ class NodeAgent:
             elif kind == protocol.COMMAND:
                 rank, frame_kind, payload = protocol.unpack_frame(message.payload)
                 self.ranks.command(rank, frame_kind, payload)
+            elif kind == protocol.STACKS:
+                self._send(protocol.STACKS, {"stacks": self.ranks.stacks([int(r) for r in body.get("ranks", [])])}, message.launch)
             elif kind == protocol.SIGNAL:
                 if int(body.get("signal", 0)) in _SIGNALS_THE_KERNEL_MAY_SEND:
                     self.ranks.signal_ranks([int(r) for r in body.get("ranks", [])], int(body["signal"]))

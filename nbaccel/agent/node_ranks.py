@@ -27,6 +27,8 @@ from nbaccel.agent import protocol
 from nbaccel.agent.rank_entry import run_remote_rank
 from nbaccel.launch import warm
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
+from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
+from nbaccel.rank.stack_dump import STACK_SIGNAL
 from nbaccel.wire import events
 from nbaccel.wire.rank_env import rank_environment
 
@@ -112,6 +114,7 @@ class NodeRanks:
         self.signals_sent: dict[int, list[int]] = {}
         self.exited: set[int] = set()
         self._context: Any = None
+        self._stack_files: StackFiles | None = None
         self._signals: list[tuple[float, int, list[int]]] = []
 
     @property
@@ -128,7 +131,10 @@ class NodeRanks:
                 parent, child = open_rank_pipes(self.first_rank + local, with_commands=True)
                 self.pipes.append(parent)
                 ends.append(child)
+            self._stack_files = StackFiles()  # where a rank dumps its stacks when asked (0700)
             envs = {local: rank_env(self.spec, local, self._interface) for local in range(self.nproc)}
+            for local, env in envs.items():
+                env[STACK_FILE_VARIABLE] = self._stack_files.path(self.first_rank + local)
             kernel_side = [fd for p in self.pipes for fd in p.all_fds] + self._close_fds
             args = {local: (self._job_bytes, envs[local], ends[local], kernel_side, os.getpid()) for local in range(self.nproc)}
             # Forking while the previous launch's objects await collection crashed ranks in the
@@ -219,6 +225,21 @@ class NodeRanks:
             except OSError:  # it died: its exit is reported on its own
                 pass
 
+    def stacks(self, ranks: list[int], timeout: float = 2.0) -> dict[int, str]:
+        """Each running rank's raw stack dump (the kernel names cells and summarises it)."""
+        running = {r: self.processes[r - self.first_rank].pid for r in ranks if 0 <= r - self.first_rank < self.nproc and r - self.first_rank not in self.exited}
+        if self._stack_files is None or not running:
+            return {}
+        for rank, pid in running.items():
+            with open(self._stack_files.path(rank), "w"):
+                pass  # truncate: the rank writes its next dump from the start
+            try:
+                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
+            except ProcessLookupError:
+                pass
+        # StackFiles' own wait for whole dumps; the summaries are made in the kernel, which has the cells' source.
+        return self._stack_files._read_settled(running, time.monotonic() + timeout)
+
     def signal_ranks(self, ranks: list[int], sig: int) -> None:
         """Send ``sig`` to the given global ranks of this node now (a pool's interrupt)."""
         for rank in ranks:
@@ -274,4 +295,7 @@ class NodeRanks:
                 pass
         for pipes in self.pipes:
             pipes.close()
+        if self._stack_files is not None:
+            self._stack_files.close()
+            self._stack_files = None
         self.processes, self.pipes = [], []

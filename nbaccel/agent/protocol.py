@@ -23,7 +23,7 @@ import struct
 from typing import Any
 
 HELLO, WELCOME, HEARTBEAT, LAUNCH, STOP, RELEASE, CLOSE = "hello", "welcome", "heartbeat", "launch", "stop", "release", "close"
-COMMAND, SIGNAL = "command", "signal"
+COMMAND, SIGNAL, STACKS = "command", "signal", "stacks"  # stacks: asked by the kernel, answered by the agent
 JOIN, STARTED, LINES, FRAME, EXITED, FINISHED, FAILED = "join", "started", "lines", "frame", "exited", "finished", "failed"
 
 HEARTBEAT_EVERY = 0.5  # seconds between heartbeats, both ways

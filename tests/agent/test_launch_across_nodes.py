@@ -144,16 +144,21 @@ def test_max_restarts_relaunches_on_every_node_with_a_fresh_run(two_nodes: Clust
 
 
 def test_an_interrupt_stops_every_node_and_the_next_launch_works(two_nodes: Cluster) -> None:
+    sink = CollectingSink()
     timer = threading.Timer(1.0, interrupt_main_thread)
     timer.start()
     started = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            notebook_launcher(_sleep_long, cluster=two_nodes, output=CollectingSink())
+        with pytest.raises(KeyboardInterrupt) as caught:
+            notebook_launcher(_sleep_long, cluster=two_nodes, output=sink)
     finally:
         timer.cancel()
     assert time.monotonic() - started < 1.0 + 5.0
     assert notebook_launcher(lambda: 1, cluster=two_nodes, output=CollectingSink()) == [1] * 4
+    # Where each rank was, from every node, before it was stopped (as on one node).
+    stacks = {rank: [e for e in sink.events.get(rank, []) if e.get("type") == "stack"] for rank in range(4)}
+    assert all(stacks.values()), stacks
+    assert "time.sleep" in stacks[3][0]["summary"] and "rank 3" in str(caught.value)
 
 
 def test_a_value_that_cannot_be_pickled_is_that_ranks_error(two_nodes: Cluster) -> None:
