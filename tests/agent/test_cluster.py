@@ -68,6 +68,29 @@ def test_nodes_list_host_address_ranks_gpus_and_liveness() -> None:
         assert [a.returncode for a in agents][0] == 0  # cluster.close() ends the agents
 
 
+def _where() -> tuple[int, int, int, int]:
+    import os
+
+    return int(os.environ["RANK"]), int(os.environ["NODE_RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+
+
+def test_nodes_may_run_different_numbers_of_ranks() -> None:
+    import nbaccel
+    from nbaccel.testing import CollectingSink
+
+    with Cluster("127.0.0.1:0") as cluster:
+        first = start_agents(cluster, nodes=1, nproc=1)
+        try:
+            cluster.wait(nodes=1, timeout=60)
+            second = start_agents(cluster, nodes=1, nproc=3)
+            cluster.wait(nodes=2, timeout=60)
+            values = nbaccel.notebook_launcher(_where, cluster=cluster, output=CollectingSink())
+            assert values == [(0, 0, 0, 1), (1, 1, 0, 3), (2, 1, 1, 3), (3, 1, 2, 3)]
+        finally:
+            cluster.close()
+            stop_agents(first + locals().get("second", []))
+
+
 def test_an_agent_with_a_wrong_token_is_refused_with_one_clear_line(tmp_path) -> None:
     with Cluster("127.0.0.1:0") as cluster:
         wrong = write_token_file(new_secret(), str(tmp_path))
