@@ -169,6 +169,8 @@ class Cluster:
     def __repr__(self) -> str:
         lines = [f"nbaccel.Cluster at {self.address}: {len(self.live_nodes)} node(s) joined", "Run on each node:", f"  {self.agent_command()}"]
         lines += [f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {'alive' if n.alive else 'lost: ' + n.lost_reason}" for n in self.nodes]
+        if self.refused:
+            lines.append(f"Refused {len(self.refused)} connection(s); last: {self.refused[-1]}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

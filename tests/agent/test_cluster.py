@@ -98,6 +98,7 @@ def test_an_agent_with_a_wrong_token_is_refused_with_one_clear_line(tmp_path) ->
         assert run.returncode == EXIT_REFUSED
         assert run.stderr.count("\n") == 1 and run.stderr.startswith("nbaccel-agent: the cluster at") and "token" in run.stderr
         assert _eventually(lambda: any("bad signature" in r for r in cluster.refused), 2.0)
+        assert "Refused 1 connection(s); last:" in repr(cluster) and "bad signature" in repr(cluster)
         assert cluster.nodes == []
 
 
