@@ -774,6 +774,68 @@ shutil.rmtree(os.path.dirname(checkpoint))
 ]
 
 
+TWO_NODES = [
+    md("""
+# Several machines: a cluster of node agents
+
+A notebook can drive ranks on several machines. The kernel makes a **cluster** (it listens on one
+address and keeps a secret in a private file); every node runs `nbaccel-agent`, which joins it;
+launches then run on every rank of every node, with the same live output, results in rank order
+and root-cause errors as on one machine. See docs/multinode.md for starting agents by hand, by
+ssh or under Slurm, and for what the network must be trusted with.
+
+Here both "nodes" are this machine: two agents on loopback, two ranks each.
+"""),
+    code("""
+import os, subprocess, sys
+import nbaccel
+
+cluster = nbaccel.Cluster("127.0.0.1:0")   # on real machines: this machine's private address
+cluster                                     # says what to run on each node
+"""),
+    md("On each node you would run the command shown above. Here the notebook starts two agents itself (in their own sessions, so that interrupting a cell does not reach them)."),
+    code("""
+argv = [sys.executable, "-m", "nbaccel.agent", cluster.address, "--token-file", cluster.token_file, "--nproc-per-node", "2"]
+agents = [subprocess.Popen(argv, start_new_session=True) for _ in range(2)]
+for node in cluster.wait(nodes=2, timeout=120):
+    print(node.name, node.host, node.address, node.nproc, "ranks", node.gpus, "GPUs")
+"""),
+    md("## A function on every rank of every node\n\nEach rank sees the variables torchrun would set (RANK, LOCAL_RANK, NODE_RANK, ...); `PartialState` knows its place; the values come back in global rank order."),
+    code("""
+def where_am_i():
+    import torch, torch.distributed as dist
+    state = nbaccel.PartialState(cpu=True)
+    total = torch.tensor([1.0]); dist.all_reduce(total)
+    print(f"rank {state.process_index} of {state.num_processes}, node {os.environ['NODE_RANK']}, local rank {state.local_process_index}")
+    return state.process_index, int(os.environ["NODE_RANK"]), total.item()
+
+nbaccel.notebook_launcher(where_am_i, cluster=cluster)
+"""),
+    md("## A rank that fails on node 1\n\nThe error names the rank and its node, with its traceback; every other rank on every node is stopped."),
+    code("""
+def fails_on_node_1():
+    import time
+    if os.environ["NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "1":
+        raise ValueError("node 1 has had enough")
+    time.sleep(30)
+
+nbaccel.notebook_launcher(fails_on_node_1, cluster=cluster)
+""", "raises-exception"),
+    md("## Persistent workers across the nodes\n\nOne process group that stays, and namespaces that live from call to call."),
+    code("""
+pool = nbaccel.start_workers(cluster=cluster)
+print(pool.run(lambda: int(os.environ["RANK"])))   # the same workers each time
+pool.push(offset=100)                               # a variable in every rank's namespace
+pool.pull("offset", rank=3)
+"""),
+    code("""
+pool.stop()
+cluster.close()                              # the agents stop their ranks and exit
+[agent.wait(15) for agent in agents]
+"""),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ddp_training.ipynb": DDP_TRAINING,
@@ -782,6 +844,7 @@ NOTEBOOKS = {
     "05_persistent_workers.ipynb": PERSISTENT_WORKERS,
     "06_hf_trainer.ipynb": HF_TRAINER,
     "07_fsdp2.ipynb": FSDP2,
+    "08_two_nodes.ipynb": TWO_NODES,
 }
 
 

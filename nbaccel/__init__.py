@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from nbaccel._version import __version__
 
 if TYPE_CHECKING:
+    from nbaccel.agent.cluster import Cluster
     from nbaccel.errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
     from nbaccel.launcher import notebook_launcher
     from nbaccel.pool import PoolStoppedError, WorkerPool, start_workers
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 # `%load_ext nbaccel`) stays cheap and never touches CUDA.
 _EXPORTS = {
     "notebook_launcher": "launcher",
+    "Cluster": "agent.cluster",
     "start_workers": "pool",
     "WorkerPool": "pool",
     "PoolStoppedError": "pool",
@@ -58,6 +60,7 @@ _EXPORTS = {
 
 __all__ = [  # spelled out (not built from _EXPORTS) so static tools see the public names
     "AcceleratorState",
+    "Cluster",
     "DistributedType",
     "GradientAccumulationPlugin",
     "GradientState",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbaccel.launch import warm
 from nbaccel.launch.local import LocalLauncher
@@ -18,6 +18,9 @@ from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import Sink
 from nbaccel.output.choose import make_sink
 from nbaccel.rank.bootstrap import Job
+
+if TYPE_CHECKING:
+    from nbaccel.agent.cluster import Cluster
 
 T = TypeVar("T")
 
@@ -37,6 +40,7 @@ def notebook_launcher(
     cpu: bool = False,
     output: str | Sink | None = None,
     stall_report: float | None = DEFAULT_STALL_REPORT,
+    cluster: Cluster | None = None,
 ) -> list[T]:
     """Run ``function(*args)`` on ``num_processes`` ranks and return every rank's value, by rank.
 
@@ -61,6 +65,9 @@ def notebook_launcher(
             (widgets in a frontend that renders them, text lines ``[rank N] ...`` elsewhere).
         stall_report: seconds without any output from any rank after which each rank's stack
             is shown once in its view, without stopping anything; None turns this off.
+        cluster: an ``nbaccel.Cluster``: run on every rank of every node joined to it (values in
+            global rank order; a failure names the rank's node). ``num_processes``, ``gpus``,
+            ``use_port``, ``master_addr`` and ``start_method`` do not apply (docs/multinode.md).
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.
@@ -79,6 +86,10 @@ def notebook_launcher(
         >>> notebook_launcher(rank_and_world, num_processes=2)
         [(0, 2), (1, 2)]
     """
+    if cluster is not None:
+        from nbaccel.agent.remote import cluster_launcher
+
+        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report)
     started = time.monotonic()
     check_callable(function, args)
     options = LaunchOptions(

@@ -42,6 +42,7 @@ from nbaccel.notebook.options import (
     options_decorator,
     output_mode,
     unsplittable,
+    with_cluster,
 )
 from nbaccel.notebook.session import NotebookWorkers, StartPool
 from nbaccel.pool import start_workers
@@ -131,7 +132,7 @@ class DistributedMagics(Magics):
     def _launch_once(self, args: argparse.Namespace, line: str, cell: str) -> Any:
         __tracebackhide__ = True
         check_one_shot(args)
-        kwargs = launcher_arguments(args)
+        kwargs = with_cluster(launcher_arguments(args), args, self.shell.user_ns, f"%%{MAGIC_NAME}")
         function = self._compile(line, cell, lambda source, **options: compile_cell(source, self.shell.user_ns, **options))
         note = self.workers.one_shot_note(kwargs.get("num_processes") or len(kwargs.get("gpus") or ()))
         if note:

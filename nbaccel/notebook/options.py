@@ -113,6 +113,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe"},
         one_shot=True,
     ),
+    Option(("--cluster",), {"type": variable_name, "metavar": "NAME", "help": "run on every rank of every node of the nbaccel.Cluster bound to NAME (empty namespaces on workers; docs/multinode.md)"}, one_shot=True),
 )
 
 CELL_OPTIONS: tuple[Option, ...] = (
@@ -195,6 +196,26 @@ def launcher_arguments(args: argparse.Namespace) -> dict[str, Any]:
     if output is not None:
         kwargs["output"] = output
     return kwargs
+
+
+def with_cluster(kwargs: dict[str, Any], args: argparse.Namespace, user_ns: dict[str, Any], command: str) -> dict[str, Any]:
+    """``kwargs`` plus the ``nbaccel.Cluster`` that ``--cluster NAME`` names in the notebook, if given.
+
+    On a cluster the nodes' agents fix the ranks (``--nproc-per-node``), so -n, --gpus and
+    --start-method are refused with it.
+    """
+    name = getattr(args, "cluster", None)
+    if name is None:
+        return kwargs
+    from nbaccel.agent.cluster import Cluster
+
+    cluster = user_ns.get(name)
+    if not isinstance(cluster, Cluster):
+        raise UsageError(f"{command} --cluster {name}: {name!r} is not an nbaccel.Cluster in the notebook (it is {type(cluster).__name__}); make one first: {name} = nbaccel.Cluster('HOST:PORT').")
+    clashing = [f"--{option.replace('_', '-')}" for option in ("num_processes", "gpus", "start_method") if option in kwargs]
+    if clashing:
+        raise UsageError(f"{command} --cluster {name} takes its ranks from the nodes' agents (--nproc-per-node there): drop {', '.join(clashing)}.")
+    return {**kwargs, "cluster": cluster}
 
 
 def check_one_shot(args: argparse.Namespace) -> None:

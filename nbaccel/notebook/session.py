@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
-from nbaccel.notebook.options import start_options
+from nbaccel.notebook.options import start_options, with_cluster
 
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool, WorkerStatus
@@ -81,9 +81,10 @@ class NotebookWorkers:
             )
         from nbaccel.errors import PreflightError
 
+        options = with_cluster(start_options(args), args, self.user_ns, "%distributed start")
         started = time.monotonic()
         try:
-            self.pool = self._start_pool(namespace=self.user_ns, **start_options(args))
+            self.pool = self._start_pool(namespace=self.user_ns, **options)
         except (ValueError, TypeError, PreflightError) as error:  # refused before any rank started
             raise UsageError(f"%distributed start: {error}") from None
         self._say_ready(time.monotonic() - started)

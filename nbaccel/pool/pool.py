@@ -39,6 +39,8 @@ from nbaccel.wire.portable import Sourced
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
+    from nbaccel.agent.cluster import Cluster
+
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
@@ -320,6 +322,7 @@ def start_workers(
     namespace: dict[str, Any] | None = None,
     start_timeout: float = 120.0,
     stall_report: float | None = DEFAULT_STALL_REPORT,
+    cluster: Cluster | None = None,
 ) -> WorkerPool:
     """Fork persistent workers and return when every rank has joined the process group.
 
@@ -331,6 +334,7 @@ def start_workers(
         start_timeout: seconds to wait for every rank to be ready.
         stall_report: seconds without output from a cell on the workers after which each
             rank's stack is shown once (nothing is stopped); None turns this off.
+        cluster: an ``nbaccel.Cluster``: a pool across every node joined to it (docs/multinode.md).
 
     Example:
         >>> pool = start_workers(2)
@@ -338,6 +342,10 @@ def start_workers(
         [1, 1]
         >>> pool.stop()
     """
+    if cluster is not None:  # every rank of every node of the cluster; namespaces start empty there
+        from nbaccel.agent.remote_pool import start_cluster_workers
+
+        return start_cluster_workers(cluster, mixed_precision=mixed_precision, cpu=cpu, start_timeout=start_timeout)
     check_timeout(start_timeout, "start_timeout")
     options = LaunchOptions(
         num_processes=num_processes,

@@ -1,0 +1,260 @@
+"""The node agent: joins a kernel's cluster, heartbeats, and runs its launches' ranks on this node.
+
+One thread, one selector: the kernel's connection, every local rank's pipes and process
+sentinels, and timers (heartbeats, the kernel's silence, escalating signals). The agent never
+unpickles anything: it verifies what the kernel sends, forks the ranks (which unpickle the job),
+and forwards their output as it came.
+
+Example::
+
+    agent = NodeAgent("10.0.0.1:29400", secret, nproc_per_node=2)
+    raise SystemExit(agent.run())
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from nbaccel.agent import protocol
+from nbaccel.agent.interfaces import interface_of
+from nbaccel.agent.link import Link, new_nonce
+from nbaccel.agent.node_ranks import NodeRanks
+from nbaccel.agent.signing import Message
+from nbaccel.launch import warm
+
+EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
+_CONNECT_TIMEOUT = 10.0
+_SIGNALS_THE_KERNEL_MAY_SEND = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+
+
+class AgentError(Exception):
+    """A one-line reason the agent cannot go on (printed as ``nbaccel-agent: ...``)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not HOST:PORT; pass the address the cluster printed (cluster.address).")
+    return host.strip("[]"), int(port)
+
+
+def visible_gpus() -> int:
+    """How many CUDA devices this node shows, without initialising CUDA (NVML where it can)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - no torch, or a broken driver: a CPU node
+        return 0
+
+
+class NodeAgent:
+    """One node's agent; ``run()`` returns the process's exit code."""
+
+    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None) -> None:
+        self.address = address
+        self.host, self.port = split_address(address)
+        self._secret = secret
+        self.gpus = visible_gpus()
+        self.nproc = nproc_per_node or max(self.gpus, 1)
+        self.link: Link | None = None
+        self.ranks: NodeRanks | None = None
+        self._selector = selectors.DefaultSelector()
+        self._last_heard = time.monotonic()
+        self._next_heartbeat = 0.0
+        self._closing = False
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Connect and authenticate both ways; AgentError with a clear reason otherwise."""
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=_CONNECT_TIMEOUT)
+        except OSError as exc:
+            raise AgentError(f"cannot reach the cluster at {self.address} ({exc.strerror or exc}); is the notebook's Cluster running, and is that address reachable from this node?", EXIT_UNREACHABLE) from None
+        link = Link(sock, self._secret, sender=f"node@{socket.gethostname()}:{os.getpid()}")
+        hello = self._first_message(link)
+        session = f"{hello.header['session']}.{new_nonce()}"
+        link.start_session(session)
+        local_address = sock.getsockname()[0]
+        self.interface = interface_of(local_address)
+        link.send(protocol.JOIN, {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid()})
+        welcome = self._first_message(link)
+        if welcome.kind != protocol.WELCOME:
+            raise AgentError(f"the cluster at {self.address} did not accept this node ({welcome.kind})", EXIT_REFUSED)
+        self.node = welcome.json()
+        self.link = link
+
+    def _first_message(self, link: Link) -> Message:
+        deadline = time.monotonic() + _CONNECT_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                messages = link.receive()
+            except EOFError as exc:
+                self._prove_token_anyway(link)
+                raise AgentError(f"the cluster at {self.address} refused this node: {exc}. Check that the token is this cluster's (cluster.token_file).", EXIT_REFUSED) from None
+            if messages:
+                return messages[0]
+        raise AgentError(f"the cluster at {self.address} sent nothing within {_CONNECT_TIMEOUT:.0f} s; is it an nbaccel Cluster?", EXIT_REFUSED)
+
+    def _prove_token_anyway(self, link: Link) -> None:
+        """After a bad hello, still send a join so the kernel can say the token is wrong."""
+        try:
+            link.start_session("refused")
+            link.send(protocol.JOIN, {"host": socket.gethostname(), "refused": True})
+        except OSError:
+            pass
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Join, then serve launches until the cluster closes or the kernel is lost."""
+        try:
+            if self.link is None:
+                self.connect()
+            assert self.link is not None
+            self._selector.register(self.link.fileno(), selectors.EVENT_READ, self._on_kernel)
+            self._last_heard = time.monotonic()
+            return self._loop()
+        except AgentError as exc:
+            print(f"nbaccel-agent: {exc}", file=sys.stderr, flush=True)
+            return exc.exit_code
+        except BaseException as exc:  # KeyboardInterrupt, elastic's SignalException (SIGTERM)
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)) and type(exc).__name__ != "SignalException":
+                raise
+            return EXIT_OK
+        finally:
+            self._shut_down()
+
+    def _loop(self) -> int:
+        while True:
+            now = time.monotonic()
+            if now - self._last_heard > protocol.KERNEL_LOST_AFTER:
+                print(f"nbaccel-agent: the kernel at {self.address} has been silent for {protocol.KERNEL_LOST_AFTER:.0f} s; stopping this node's ranks and exiting", file=sys.stderr, flush=True)
+                return EXIT_KERNEL_LOST
+            if now >= self._next_heartbeat:
+                self._send(protocol.HEARTBEAT)
+                self._next_heartbeat = now + protocol.HEARTBEAT_EVERY
+            for key, _ in self._selector.select(self._wait_time()):
+                code = key.data()
+                if code is False:
+                    self._selector.unregister(key.fd)
+                elif code is not True and code is not None:
+                    return int(code)
+            if self.ranks is not None:
+                self.ranks.on_clock(time.monotonic())
+                if self.ranks.done:
+                    self._finish_launch()
+
+    def _wait_time(self) -> float:
+        moments = [self._next_heartbeat]
+        if self.ranks is not None and self.ranks.next_signal_at() is not None:
+            moments.append(self.ranks.next_signal_at() or 0.0)
+        return max(0.0, min(moments) - time.monotonic())
+
+    def _send(self, kind: str, body: Any = None, launch: str | None = None, raw: bytes | None = None) -> None:
+        assert self.link is not None
+        try:
+            self.link.send(kind, body, launch, raw)
+        except OSError:
+            pass  # the kernel is gone: its silence ends the loop
+
+    def _on_kernel(self) -> bool | int:
+        assert self.link is not None
+        try:
+            messages = self.link.receive()
+        except EOFError:
+            print(f"nbaccel-agent: the connection to the kernel at {self.address} closed; stopping this node's ranks and exiting", file=sys.stderr, flush=True)
+            return EXIT_KERNEL_LOST
+        self._last_heard = time.monotonic()
+        for message in messages:
+            code = self._handle(message)
+            if code is not None:
+                return code
+        return True
+
+    def _handle(self, message: Message) -> int | None:
+        kind = message.kind
+        if kind == protocol.LAUNCH:
+            self._start_launch(message)
+        elif kind == protocol.CLOSE:
+            return EXIT_OK
+        elif self.ranks is not None and message.launch == self.ranks.launch:
+            body = (message.json() or {}) if kind != protocol.COMMAND else {}
+            if kind == protocol.STOP:
+                self.ranks.stop(body.get("reason", "stopped"), body.get("spare"))
+            elif kind == protocol.RELEASE:
+                self.ranks.release()
+            elif kind == protocol.COMMAND:
+                rank, frame_kind, payload = protocol.unpack_frame(message.payload)
+                self.ranks.command(rank, frame_kind, payload)
+            elif kind == protocol.STACKS:
+                self._send(protocol.STACKS, {"stacks": self.ranks.stacks([int(r) for r in body.get("ranks", [])])}, message.launch)
+            elif kind == protocol.SIGNAL and int(body.get("signal", 0)) in _SIGNALS_THE_KERNEL_MAY_SEND:
+                self.ranks.signal_ranks([int(r) for r in body.get("ranks", [])], int(body["signal"]))
+        return None
+
+    # -- launches ------------------------------------------------------------------------------
+
+    def _start_launch(self, message: Message) -> None:
+        spec, job_bytes = protocol.unpack_mixed(message.payload)
+        launch = spec["launch"]
+        if self.ranks is not None:  # the kernel never overlaps launches; refuse rather than mix them
+            self._send(protocol.FAILED, {"message": "a previous launch is still running on this node"}, launch)
+            return
+        assert self.link is not None
+
+        def emit(kind: str, body: Any = None, raw: bytes | None = None) -> None:
+            self._send(kind, body, launch, raw)
+
+        ranks = NodeRanks(spec, job_bytes, emit, self.interface, close_fds=[self.link.fileno(), self._selector.fileno()])
+        try:
+            ranks.start()
+        except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the launch
+            ranks.kill_and_close()
+            self._send(protocol.FAILED, {"message": f"{type(exc).__name__}: {exc}"}, launch)
+            return
+        self.ranks = ranks
+        for fd, handler in ranks.readers():
+            self._selector.register(fd, selectors.EVENT_READ, handler)
+        self._send(protocol.STARTED, {"pids": [p.pid for p in ranks.processes]}, launch)
+
+    def _finish_launch(self) -> None:
+        assert self.ranks is not None
+        ranks, self.ranks = self.ranks, None
+        for fd, _ in ranks.readers():
+            if fd in self._selector.get_map():
+                self._selector.unregister(fd)
+        ranks.kill_and_close()
+        self._send(protocol.FINISHED, None, ranks.launch)
+        warm.import_noted()  # modules the ranks had to import (torch._dynamo): later forks inherit them
+        gc.collect()  # while idle: the next launch forks from a clean heap (see NodeRanks.start)
+
+    def _shut_down(self) -> None:
+        """Stop this node's ranks (as on a failure: SIGTERM, then SIGKILL) and release everything."""
+        if self.ranks is not None:
+            self._stop_ranks_now()
+        if self.link is not None:
+            self.link.close()
+        self._selector.close()
+
+    def _stop_ranks_now(self, grace: float = 1.0) -> None:
+        assert self.ranks is not None
+        self.ranks.stop("closing")
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not all(p.exitcode is not None for p in self.ranks.processes):
+            time.sleep(0.02)
+        self.ranks.kill_and_close()
+        self.ranks = None
+

@@ -1,0 +1,301 @@
+"""One launch's ranks on one node, as the agent runs them: started by torch elastic, relayed signed.
+
+``start_processes`` (torch.distributed.elastic.multiprocessing, fork) creates the processes with
+the environment torchrun would give them; nbaccel's pipes (inherited across the fork) carry each
+rank's stdout, stderr and channel frames to the agent, which forwards them to the kernel. The
+agent watches the processes' sentinels itself: elastic's own monitor blocks (and after a failure
+waits up to 30 s in ``close``), while the kernel decides how a launch ends on every node at once.
+
+Example::
+
+    ranks = NodeRanks(spec, job_bytes, emit=send_to_kernel, interface="eth0", close_fds=[sock])
+    ranks.start()
+    ... # the agent's loop calls ranks.on_readable(fd) / ranks.on_clock(now)
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nbaccel.agent import protocol
+from nbaccel.agent.rank_entry import run_remote_rank
+from nbaccel.launch import warm
+from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
+from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
+from nbaccel.rank.stack_dump import STACK_SIGNAL
+from nbaccel.wire import events
+from nbaccel.wire.rank_env import rank_environment
+
+Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
+
+# (delay, signal) per reason the kernel gives, as on one node (nbaccel.supervisor.STOP_PLANS).
+STOP_PLANS = {
+    "stopped": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
+    "timed out": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
+    "interrupted": [(0.0, signal.SIGINT), (2.0, signal.SIGTERM), (3.5, signal.SIGKILL)],
+    "closing": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
+}
+_LINGER = 3.0  # a rank that reported its own error gets this long to exit by itself
+
+
+def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> dict[str, str]:
+    """The environment of one rank, as torchrun would set it, plus nbaccel's own variables."""
+    env = rank_environment(
+        rank=spec["first_rank"] + local_rank,
+        world_size=spec["world_size"],
+        master_port=spec["master_port"],
+        master_addr=spec["master_addr"],
+        device_type=spec["device_type"],
+        local_rank=local_rank,
+        local_world_size=spec["nproc"],
+        node_rank=spec["node_rank"],
+        mixed_precision=spec["mixed_precision"],
+        restart_count=spec["attempt"],
+        max_restarts=spec["max_restarts"],
+        visible_gpus=spec.get("gpus"),
+    )
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        chosen = os.environ.get(name) or interface  # the user's choice, else the cluster's interface
+        if chosen:
+            env[name] = chosen
+        else:  # unknown (an IPv6 link, say): loopback would be wrong across nodes; let gloo choose
+            env.pop(name, None)
+    env.update(
+        TORCHELASTIC_RUN_ID=spec["run_id"],
+        ROLE_NAME="default",
+        ROLE_RANK=env["RANK"],
+        ROLE_WORLD_SIZE=env["WORLD_SIZE"],
+        GROUP_WORLD_SIZE=str(spec["nnodes"]),
+        NBACCEL_NODE_RANK=str(spec["node_rank"]),
+        NBACCEL_NUM_NODES=str(spec["nnodes"]),
+    )
+    return env
+
+
+def _logs_specs() -> Any:
+    """Elastic's log destinations, minus what nbaccel does itself.
+
+    The ranks' output goes through nbaccel's pipes (and lands in the kernel's per-launch log
+    folder), and errors through their channel. Elastic's default for ``log_dir=os.devnull``
+    still tails /dev/null in two thread pools per launch, whose shutdown costs 0.1-0.2 s.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import LogsDest
+
+    class ConsoleOnly(DefaultLogsSpecs):
+        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+            for env in envs.values():
+                env["TORCHELASTIC_ERROR_FILE"] = ""
+            console = dict.fromkeys(envs, "")
+            return LogsDest(console, dict(console), {}, {}, dict.fromkeys(envs, os.devnull), os.devnull, os.devnull)
+
+    return ConsoleOnly(log_dir=os.devnull)
+
+
+class NodeRanks:
+    """The local ranks of one launch: start, relay, signal on the kernel's word, reap."""
+
+    def __init__(self, spec: dict[str, Any], job_bytes: bytes, emit: Emit, interface: str | None, close_fds: list[int]) -> None:
+        self.spec = spec
+        self.launch: str = spec["launch"]
+        self.first_rank: int = spec["first_rank"]
+        self._job_bytes = job_bytes
+        self._emit = emit
+        self._interface = interface
+        self._close_fds = close_fds
+        self.pipes: list[RankPipes] = []
+        self.processes: list[Any] = []  # multiprocessing.Process, one per local rank
+        self.signals_sent: dict[int, list[int]] = {}
+        self.exited: set[int] = set()
+        self._context: Any = None
+        self._stack_files: StackFiles | None = None
+        self._signals: list[tuple[float, int, list[int]]] = []
+
+    @property
+    def nproc(self) -> int:
+        return int(self.spec["nproc"])
+
+    def start(self) -> None:
+        """Create every local rank through torch elastic; on failure nothing is left running."""
+        from torch.distributed.elastic.multiprocessing import start_processes
+
+        ends = []
+        try:
+            for local in range(self.nproc):
+                parent, child = open_rank_pipes(self.first_rank + local, with_commands=True)
+                self.pipes.append(parent)
+                ends.append(child)
+            self._stack_files = StackFiles()  # where a rank dumps its stacks when asked (0700)
+            envs = {local: rank_env(self.spec, local, self._interface) for local in range(self.nproc)}
+            for local, env in envs.items():
+                env[STACK_FILE_VARIABLE] = self._stack_files.path(self.first_rank + local)
+            kernel_side = [fd for p in self.pipes for fd in p.all_fds] + self._close_fds
+            args = {local: (self._job_bytes, envs[local], ends[local], kernel_side, os.getpid()) for local in range(self.nproc)}
+            # Forking while the previous launch's objects await collection crashed ranks in the
+            # collector (research/multinode.md). The agent collected fully after that launch
+            # (off the critical path); collect what is young now, and freeze what ranks inherit.
+            gc.collect(1)
+            gc.freeze()
+            try:
+                self._context = start_processes(
+                    name=f"nbaccel-{self.launch}",
+                    entrypoint=run_remote_rank,
+                    args=args,
+                    envs=envs,
+                    logs_specs=_logs_specs(),
+                    start_method="fork",
+                )
+            finally:
+                gc.unfreeze()
+            self.processes = list(self._context._pc.processes)
+        finally:
+            for child in ends:
+                close_child_ends(child)
+        self.signals_sent = {local: [] for local in range(self.nproc)}
+
+    def readers(self) -> list[tuple[int, Callable[[], bool]]]:
+        """(fd, handler) pairs for the agent's selector, pipes first, then process sentinels;
+        a handler returns False when its fd is finished with (end of file, process reaped)."""
+        found: list[tuple[int, Callable[[], bool]]] = []
+        for local, pipes in enumerate(self.pipes):
+            found.append((pipes.channel, functools.partial(self._on_channel, local)))
+            found.append((pipes.stdout, functools.partial(self._on_stream, local, "stdout")))
+            found.append((pipes.stderr, functools.partial(self._on_stream, local, "stderr")))
+        for local, proc in enumerate(self.processes):
+            found.append((proc.sentinel, functools.partial(self._on_exit, local)))
+        return found
+
+    @property
+    def done(self) -> bool:
+        return len(self.exited) == self.nproc
+
+    def _lines_to_kernel(self, rank: int, stream: str, lines: list[str]) -> None:
+        self._emit(protocol.LINES, {"rank": rank, "stream": stream, "lines": lines})
+
+    def _on_stream(self, local: int, stream: str) -> bool:
+        pipes = self.pipes[local]
+        return pipes.read_stream(pipes.stdout if stream == "stdout" else pipes.stderr, stream, self._lines_to_kernel)
+
+    def _on_channel(self, local: int) -> bool:
+        frames, open_ = self.pipes[local].read_channel()
+        self._forward(local, frames)
+        return open_
+
+    def _forward(self, local: int, decoded: list[events.Event]) -> None:
+        for event in decoded:
+            if event.kind is events.Kind.IMPORTED:  # warm the agent, not the kernel: ranks fork from here
+                warm.note(event.value())  # from our own child, over a private pipe
+            else:
+                self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(event.kind), event.payload))
+
+    def _on_exit(self, local: int) -> bool:
+        if local in self.exited:
+            return False
+        if self.processes[local].exitcode is None:
+            return True
+        self._forward(local, self.pipes[local].drain(self._lines_to_kernel))
+        self.exited.add(local)
+        code = self.processes[local].exitcode
+        self._emit(protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local]})
+        return False
+
+    # -- the kernel's orders -------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Every rank of every node returned: let them leave their process group."""
+        for pipes in self.pipes:
+            if pipes.commands is not None:
+                try:
+                    os.write(pipes.commands, b"\0")
+                except OSError:
+                    pass
+
+    def command(self, rank: int, kind: int, payload: bytes) -> None:
+        """Write one frame into ``rank``'s command pipe (a persistent worker's task or stop)."""
+        local = rank - self.first_rank
+        if 0 <= local < self.nproc and local not in self.exited and self.pipes[local].commands is not None:
+            try:
+                events.send_bytes(self.pipes[local].commands, events.Kind(kind), payload, defer_sigint=False)  # type: ignore[arg-type]
+            except OSError:  # it died: its exit is reported on its own
+                pass
+
+    def stacks(self, ranks: list[int], timeout: float = 2.0) -> dict[int, str]:
+        """Each running rank's raw stack dump (the kernel names cells and summarises it)."""
+        running = {r: self.processes[r - self.first_rank].pid for r in ranks if 0 <= r - self.first_rank < self.nproc and r - self.first_rank not in self.exited}
+        if self._stack_files is None or not running:
+            return {}
+        for rank, pid in running.items():
+            with open(self._stack_files.path(rank), "w"):
+                pass  # truncate: the rank writes its next dump from the start
+            try:
+                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
+            except ProcessLookupError:
+                pass
+        # StackFiles' own wait for whole dumps; the summaries are made in the kernel, which has the cells' source.
+        return self._stack_files._read_settled(running, time.monotonic() + timeout)
+
+    def signal_ranks(self, ranks: list[int], sig: int) -> None:
+        """Send ``sig`` to the given global ranks of this node now (a pool's interrupt)."""
+        for rank in ranks:
+            if 0 <= rank - self.first_rank < self.nproc:
+                self._send(rank - self.first_rank, sig)
+
+    def stop(self, reason: str, spare: int | None = None) -> None:
+        """Signal every live rank (but ``spare``, a global rank exiting by itself) per ``reason``."""
+        now = time.monotonic()
+        others = [local for local in range(self.nproc) if self.first_rank + local != spare]
+        self._signals = [(now + delay, sig, others) for delay, sig in STOP_PLANS.get(reason, STOP_PLANS["stopped"])]
+        if spare is not None and 0 <= spare - self.first_rank < self.nproc:
+            self._signals.append((now + _LINGER, signal.SIGKILL, [spare - self.first_rank]))
+        self._signals.sort(key=lambda entry: entry[0])
+        self.on_clock(now)
+
+    def next_signal_at(self) -> float | None:
+        return self._signals[0][0] if self._signals else None
+
+    def on_clock(self, now: float) -> None:
+        while self._signals and self._signals[0][0] <= now:
+            _, sig, targets = self._signals.pop(0)
+            for local in targets:
+                self._send(local, sig)
+
+    def _send(self, local: int, sig: int) -> None:
+        proc = self.processes[local]
+        if local in self.exited or proc.exitcode is not None:  # reaped: its pid may be reused
+            return
+        self.signals_sent[local].append(sig)
+        try:
+            os.killpg(proc.pid, sig)  # the rank leads its own group (its DataLoader workers too)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill_and_close(self) -> None:
+        """SIGKILL whatever still runs, reap it, and free every pipe, queue and sentinel."""
+        for local in range(len(self.processes)):
+            self._send(local, signal.SIGKILL)
+        for proc in self.processes:
+            proc.join(5.0)
+        if self._context is not None:
+            self._context.close(timeout=1)
+            for queue in self._context._ret_vals.values():
+                queue.close()
+        for proc in self.processes:
+            try:
+                proc.close()
+            except ValueError:  # still running after SIGKILL (uninterruptible sleep): leave it
+                pass
+        for pipes in self.pipes:
+            pipes.close()
+        if self._stack_files is not None:
+            self._stack_files.close()
+            self._stack_files = None
+        self.processes, self.pipes = [], []

@@ -1,0 +1,110 @@
+"""Launches on every node of a ``Cluster``, through the engine's one-shot strategy.
+
+``cluster_launcher`` is what ``notebook_launcher(..., cluster=)`` runs: the same ``run_launch``
+(attempts, restarts, the one event loop, ``OneShot``) as a one-node launch, with the
+``ClusterLauncher`` behind the seam. Its only addition: a failure names the node of its rank.
+
+Example::
+
+    values = cluster_launcher(train, (), cluster)       # [value of rank 0, rank 1, ...]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nbaccel.agent.cluster import Cluster
+from nbaccel.agent.cluster_group import ClusterLauncher, layout
+from nbaccel.errors import RankFailedError
+from nbaccel.launch.one_shot import run_launch
+from nbaccel.launch.options import LaunchOptions, check_callable
+from nbaccel.launch.outcome import RankOutcome
+from nbaccel.launch.seam import LaunchPlan
+from nbaccel.output.choose import make_sink
+from nbaccel.output.sinks import Sink
+from nbaccel.rank.bootstrap import Job
+
+__all__ = ["NodeRankFailedError", "cluster_launcher", "cluster_plan", "layout", "naming_nodes"]
+
+
+class NodeRankFailedError(RankFailedError):
+    """A rank on some node failed; the message names the rank and its node first."""
+
+    def __init__(self, root: RankOutcome, outcomes: list[RankOutcome], where: dict[int, str]) -> None:
+        self.where = where
+        self.node = where.get(root.rank, "")
+        super().__init__(root, outcomes)
+
+    def _headline(self, root: RankOutcome) -> str:  # type: ignore[override]
+        headline = RankFailedError._headline(root)
+        where = getattr(self, "where", {}).get(root.rank)
+        return headline.replace(f"rank {root.rank} ", f"rank {root.rank} on {where} ", 1) if where else headline
+
+    def _render_traceback_(self) -> list[str]:
+        lines = self.report().splitlines()
+        return [f"NodeRankFailedError: {lines[0]}", *lines[1:]]
+
+
+def naming_nodes(error: RankFailedError, launcher: ClusterLauncher) -> NodeRankFailedError:
+    """``error`` again, its headline naming the node of its rank."""
+    group = launcher.last_group
+    where = {rank: group.where(rank) for rank in range(group.num_processes)} if group is not None else {}
+    root = next(o for o in error.outcomes if o.rank == error.rank)
+    renamed = NodeRankFailedError(root, error.outcomes, where)
+    renamed.attempts = error.attempts
+    return renamed
+
+
+def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float, stall_report: float | None = None) -> LaunchPlan:
+    """The plan of a launch on the cluster's live nodes: CUDA only where every node has a GPU per rank."""
+    options = LaunchOptions(mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, stall_report=stall_report)  # type: ignore[arg-type]  # checked there
+    nodes = cluster.live_nodes
+    on_gpus = not cpu and bool(nodes) and all(n.gpus >= n.nproc for n in nodes)
+    return LaunchPlan(
+        num_processes=sum(n.nproc for n in nodes),
+        device_type="cuda" if on_gpus else "cpu",
+        gpus=None,
+        mixed_precision=options.mixed_precision,
+        master_addr=cluster.host,
+        max_restarts=options.max_restarts,
+        timeout=options.timeout,
+        deadline=None if options.timeout is None else started + options.timeout,
+        stall_report=options.stall_report,  # a remote rank's stack is not collected yet: only the note shows
+    )
+
+
+def cluster_launcher(
+    function: Callable[..., Any],
+    args: Sequence[Any] = (),
+    cluster: Cluster | None = None,
+    *,
+    mixed_precision: str = "no",
+    timeout: float | None = None,
+    max_restarts: int = 0,
+    cpu: bool = False,
+    output: str | Sink | None = None,
+    stall_report: float | None = None,
+) -> list[Any]:
+    """Run ``function(*args)`` on every rank of every node of ``cluster``; values in global rank order.
+
+    Raises NodeRankFailedError (the root-cause rank and its node), LaunchTimeoutError, or
+    KeyboardInterrupt after stopping every node's ranks.
+
+    Example::
+
+        with nbaccel.Cluster("10.0.0.1:0") as cluster:
+            cluster.wait(nodes=2)
+            cluster_launcher(lambda: 1, cluster=cluster)   # [1, 1, 1, 1] on 2 nodes x 2 ranks
+    """
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}; make one with nbaccel.Cluster('HOST:PORT').")
+    started = time.monotonic()
+    check_callable(function, args)
+    plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started, stall_report)
+    launcher = ClusterLauncher(cluster)
+    try:
+        return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
+    except RankFailedError as error:
+        raise naming_nodes(error, launcher) from None
