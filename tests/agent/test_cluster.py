@@ -51,6 +51,7 @@ def test_wait_says_how_many_joined_and_how_to_join() -> None:
         cluster.wait(nodes=2, timeout=0.3)
 
 
+@pytest.mark.orphans  # the test kills a parent (an agent, or the kernel): its ranks end as our orphans
 def test_nodes_list_host_address_ranks_gpus_and_liveness() -> None:
     with Cluster("127.0.0.1:0") as cluster:
         agents = start_agents(cluster, nodes=2, nproc=3)

@@ -33,6 +33,7 @@ def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.orphans  # the test kills a parent (an agent, or the kernel): its ranks end as our orphans
 def test_a_killed_node_fails_the_launch_naming_it_and_leaves_no_process() -> None:
     with Cluster("127.0.0.1:0") as cluster:
         agents = start_agents(cluster, nodes=2, nproc=2)
@@ -62,6 +63,7 @@ def test_a_killed_node_fails_the_launch_naming_it_and_leaves_no_process() -> Non
             stop_agents(agents)
 
 
+@pytest.mark.orphans  # the test kills a parent (an agent, or the kernel): its ranks end as our orphans
 def test_agents_stop_their_ranks_and_exit_when_the_kernel_is_killed() -> None:
     script = os.path.join(os.path.dirname(__file__), "kernel_script.py")
     kernel = subprocess.Popen([sys.executable, script, "2"], stdout=subprocess.PIPE, text=True)

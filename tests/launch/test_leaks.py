@@ -88,3 +88,53 @@ def test_two_hundred_launches_leak_nothing(tmp_path, monkeypatch: pytest.MonkeyP
             _interrupted_launch()
     after = _resources()
     assert after == before
+
+
+def all_reduce_on_workers() -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the workers' process group, made when they started
+    return t.item()
+
+
+class _Published:
+    """A frontend stand-in: keeps what the widget view would display."""
+
+    def __init__(self) -> None:
+        self.bundles: list[dict] = []
+
+    def show(self, bundle: dict, display_id: str) -> None:
+        self.bundles.append(bundle)
+
+    def update(self, bundle: dict, display_id: str) -> None:
+        self.bundles.append(bundle)
+
+
+def test_spawned_launches_pools_and_widget_views_leak_nothing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbaccel.output.choose import WidgetSink
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()  # before counting: the kept launch logs are the point, not a leak
+    nbaccel.notebook_launcher(with_process_group, num_processes=2, output=CollectingSink())  # warm-up: lazy imports
+    with nbaccel.start_workers(2) as pool:
+        pool.run(ok)
+    before = _resources()
+    for _ in range(3):
+        assert nbaccel.notebook_launcher(ok, num_processes=2, start_method="spawn", output=CollectingSink()) == [0, 1]
+    for _ in range(5):
+        with nbaccel.start_workers(2) as pool:
+            assert pool.run(all_reduce_on_workers) == [2.0, 2.0]
+            with pytest.raises(nbaccel.RankFailedError):
+                pool.run(fails)
+            assert [s.summary for s in pool.stacks()] != []
+    for _ in range(5):
+        published = _Published()
+        sink = WidgetSink(publisher=published, log_root=logs, keep_launches=2)
+        assert nbaccel.notebook_launcher(ok, num_processes=2, output=sink) == [0, 1]
+        assert published.bundles, "the view was shown"
+    assert _resources() == before
+    assert len(os.listdir(logs)) <= 2  # keep_launches
