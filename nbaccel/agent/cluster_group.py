@@ -37,7 +37,7 @@ from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import Launcher, LaunchPlan
 from nbaccel.launch.stacks import RankStack, summarise, without_launch_frames
 from nbaccel.rank.bootstrap import Job
-from nbaccel.wire import events
+from nbaccel.wire import events, rich
 from nbaccel.wire.portable import Sourced
 
 if TYPE_CHECKING:
@@ -143,6 +143,9 @@ class ClusterRankGroup:
     def attach(self, loop: EventLoop) -> None:
         self._loop = loop
         loop.add_reader(self.inbox.fd, self._on_inbox, _INBOX_ORDER)
+        for rank in loop.ranks:  # the views name each rank's node (its tab title, the saved bundle)
+            slot = self.slot_of[rank]
+            loop.sink.event(rank, rich.node_event(slot.node_rank, slot.node.host))
 
     def detach(self, loop: EventLoop) -> None:
         loop.remove_reader(self.inbox.fd)

@@ -9,6 +9,7 @@ Types:
     ``display``: IPython ``display()`` output: ``data`` (a mimebundle), ``metadata``,
         ``display_id`` (or None) and ``update`` (True: replace the output with that id).
     ``clear_output``: IPython ``clear_output(wait)``.
+    ``node``: which node the rank runs on, when there are several: ``node`` (its node rank), ``host``.
     ``stack``: where the rank is: ``summary`` (one line), ``why`` it was asked, ``text`` (all stacks).
     ``progress``: one progress bar's state: ``bar`` (id, unique in the rank), ``n``, ``total``,
         ``left``/``right`` (the text around the bar), ``text`` (the whole meter as one line),
@@ -29,6 +30,7 @@ DISPLAY = "display"
 CLEAR_OUTPUT = "clear_output"
 PROGRESS = "progress"
 STACK = "stack"
+NODE = "node"
 
 # A widget displayed inside a rank lives in the rank's process: the kernel has no such model, so
 # a frontend would show "model not found". Its other representations are kept.
@@ -87,6 +89,11 @@ def progress_event(
     }
 
 
+def node_event(node: int, host: str) -> dict[str, Any]:
+    """The rank runs on node ``node`` (``host``): sent by the kernel for launches across nodes."""
+    return {"type": NODE, "node": node, "host": host}
+
+
 def stack_event(summary: str, text: str, why: str) -> dict[str, Any]:
     """Where a rank is (``summary``, one line) and every thread's stack (``text``), and ``why`` it was asked."""
     return {"type": STACK, "summary": summary, "why": why, "text": f"{why}; {summary}\n{text.rstrip()}"}
@@ -103,7 +110,7 @@ def plain_text(event: dict[str, Any]) -> str | None:
         return "[" + ", ".join(sorted(data)) + "]" if data else None
     if kind == PROGRESS:
         return str(event.get("text", ""))
-    if kind in (STARTED, CLEAR_OUTPUT):
+    if kind in (STARTED, CLEAR_OUTPUT, NODE):
         return None
     text = event.get("text")  # an event type from a newer nbaccel: show its text if it has one
     return str(text) if text else None

@@ -164,3 +164,27 @@ def test_an_interrupt_stops_every_node_and_the_next_launch_works(two_nodes: Clus
 def test_a_value_that_cannot_be_pickled_is_that_ranks_error(two_nodes: Cluster) -> None:
     with pytest.raises(NodeRankFailedError, match="cannot be pickled"):
         notebook_launcher(lambda: threading.Lock(), cluster=two_nodes, output=CollectingSink())
+
+
+def test_each_rank_is_named_with_its_node_in_the_view(two_nodes: Cluster) -> None:
+    from nbaccel.output.widgets.sink import LiveViewSink
+
+    class Kept:
+        def show(self, bundle: dict, display_id: str) -> None:
+            self.last = bundle
+
+        def update(self, bundle: dict, display_id: str) -> None:
+            self.last = bundle
+
+    sink = CollectingSink()
+    assert notebook_launcher(lambda: 1, cluster=two_nodes, output=sink) == [1] * 4
+    nodes = {rank: [e["node"] for e in events if e["type"] == "node"] for rank, events in sink.events.items()}
+    assert nodes == {0: [0], 1: [0], 2: [1], 3: [1]}  # node by node, rank 0 beside the notebook
+    published = Kept()
+    live = LiveViewSink(publisher=published)
+    assert notebook_launcher(lambda: 2, cluster=two_nodes, output=live) == [2] * 4
+    assert live.view is not None
+    titles = live.view.tabs.titles
+    assert titles[0].startswith("rank 0 · node 0 ·") and titles[3].startswith("rank 3 · node 1 ·")
+    saved = published.last["application/vnd.nbaccel.ranks+json"]["ranks"]
+    assert saved[3]["node"].startswith("node 1")

@@ -57,6 +57,7 @@ class LaunchView:
         self._panel_options = {"max_lines": max_lines, "max_displays": max_displays}
         # Keyed by true rank number, in rank order (a subset's tabs are not 0..n-1).
         self.states: dict[int, RankState] = {rank: WAITING for rank in self.ranks}
+        self.nodes: dict[int, str] = {}  # rank -> "node 1", across nodes: named in the tab title
         self.panels: dict[int, RankPanel] = {rank: self._new_panel(rank) for rank in self.ranks}
         self.chips: dict[int, w.HTML] = {rank: w.HTML(chip_html(rank, WAITING)) for rank in self.ranks}
         self.title = w.HTML(self._title_html())
@@ -103,7 +104,14 @@ class LaunchView:
         return tuple(p.widget for p in self.panels.values())
 
     def _tab_titles(self) -> tuple[str, ...]:
-        return tuple(tab_title(r, s) for r, s in self.states.items())
+        return tuple(tab_title(r, s, self.nodes.get(r)) for r, s in self.states.items())
+
+    def set_node(self, rank: int, node: str) -> None:
+        """Name the node rank ``rank`` runs on in its tab title (launches across nodes)."""
+        self.panel(rank)
+        if self.nodes.get(rank) != node:
+            self.nodes[rank] = node
+            self.tabs.titles = self._tab_titles()
 
     def set_state(self, rank: int, state: RankState) -> None:
         """Relabel rank ``rank``'s chip and tab (one message each, only if the words changed)."""
@@ -169,8 +177,8 @@ def _sort_by_rank(table: dict[int, V]) -> None:
     table.update(ordered)
 
 
-def tab_title(rank: int, state: RankState) -> str:
-    return f"rank {rank} · {state.short}"
+def tab_title(rank: int, state: RankState, node: str | None = None) -> str:
+    return f"rank {rank} · {node} · {state.short}" if node else f"rank {rank} · {state.short}"
 
 
 def chip_html(rank: int, state: RankState) -> str:

@@ -132,6 +132,7 @@ class LiveViewSink:
         self._all_finished = False  # every rank taking part has ended: the next tick ends the view
         self._outcomes: dict[int, RankOutcome] = {}
         self._elapsed: dict[int, float] = {}  # seconds from launch to each rank's end (the saved bundle)
+        self._nodes: dict[int, str] = {}  # where each rank runs, across nodes (the saved bundle)
 
     # -- the Sink protocol -------------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class LiveViewSink:
         self._all_finished = False
         self._outcomes = {}
         self._elapsed = {}
+        self._nodes = {}
         self.display_id = f"nbaccel-{uuid.uuid4().hex}"
         self.publisher.show(self._live_bundle(), self.display_id)
 
@@ -158,9 +160,13 @@ class LiveViewSink:
     def event(self, rank: int, event: dict[str, Any]) -> None:
         if self.view is None or self.finished:
             return
+        kind = event.get("type")
+        if kind == rich.NODE:  # where the rank runs, before it runs: the tab says it
+            self._nodes[rank] = f"node {event.get('node')} ({event.get('host')})"
+            self.view.set_node(rank, f"node {event.get('node')}")
+            return
         self._mark_running(rank)
         panel = self.view.panel(rank)
-        kind = event.get("type")
         if kind == rich.DISPLAY:
             panel.add_display(event)
         elif kind == rich.CLEAR_OUTPUT:
@@ -269,7 +275,7 @@ class LiveViewSink:
         view.set_clock(summary)
         try:
             assert self.display_id is not None
-            self.publisher.update(static_bundle(view, summary, elapsed=self._elapsed), self.display_id)
+            self.publisher.update(static_bundle(view, summary, elapsed=self._elapsed, nodes=self._nodes), self.display_id)
         finally:
             view.close()
 

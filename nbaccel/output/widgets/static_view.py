@@ -35,14 +35,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _IMAGE_MIMES = ("image/png", "image/jpeg", "image/gif")
 
 
-def static_bundle(view: LaunchView, summary: str, elapsed: Mapping[int, float] | None = None) -> dict[str, Any]:
+def static_bundle(view: LaunchView, summary: str, elapsed: Mapping[int, float] | None = None, nodes: Mapping[int, str] | None = None) -> dict[str, Any]:
     """``{"text/html": ..., "text/plain": ..., RANKS_MIME: ...}`` for ``view``; ``summary`` says how it ended.
 
     The per-rank JSON (``bundle.RANKS_MIME``, with each rank's ``elapsed`` seconds where known) is
     for nbaccel's JupyterLab extension (rank tabs);
     readers without it show the html or the text.
     """
-    return {RANKS_MIME: ranks_bundle(view, summary, elapsed), "text/html": render_html(view, summary), "text/plain": render_text(view, summary)}
+    return {RANKS_MIME: ranks_bundle(view, summary, elapsed, nodes), "text/html": render_html(view, summary), "text/plain": render_text(view, summary)}
 
 
 def render_text(view: LaunchView, summary: str) -> str:
