@@ -283,7 +283,7 @@ class WorkerPool:
             pid=group.pid(rank),
             device=self.devices[rank] if rank < len(self.devices) else "?",
             state=state,
-            memory_mb=_resident_mb(group.pid(rank)),
+            memory_mb=(answer or {}).get("memory_mb") or _resident_mb(group.pid(rank)),  # the rank's own word: it may be remote
             device_memory_mb=(answer or {}).get("device_memory_mb"),
             last_cell=self._last_task,
         )

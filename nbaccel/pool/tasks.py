@@ -68,12 +68,15 @@ def to_cpu(value: Any) -> Any:
 
 @dataclass
 class RankStatus:
-    """What only the rank knows about itself: its GPU memory in use."""
+    """What only the rank knows about itself: its resident memory (it may run on another node) and GPU memory."""
 
     def __call__(self, namespace: dict[str, Any]) -> dict[str, Any]:
+        import os
         import sys
 
+        with open("/proc/self/statm") as statm:
+            resident_mb = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         torch = sys.modules.get("torch")
         if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return {"device_memory_mb": None}
-        return {"device_memory_mb": torch.cuda.memory_allocated() / 2**20}
+            return {"memory_mb": resident_mb, "device_memory_mb": None}
+        return {"memory_mb": resident_mb, "device_memory_mb": torch.cuda.memory_allocated() / 2**20}
