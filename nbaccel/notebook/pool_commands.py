@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "push", "pull")
+COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -35,6 +35,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed push data labels
     %distributed pull model_state --rank 0 -o weights
     %distributed status
+    %distributed stacks
     %distributed stop
 """
 
@@ -62,6 +63,7 @@ def parser() -> MagicArgumentParser:
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
     commands.add_parser("restart", help="fresh workers with empty namespaces and the same options")
     commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
+    commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     _add_transfers(commands)
     return main
 

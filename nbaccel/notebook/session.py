@@ -144,6 +144,15 @@ class NotebookWorkers:
             return
         print(status_table(self.require().status()))
 
+    def stacks(self, args: argparse.Namespace | None = None) -> None:
+        if self.running() is None:
+            print(f"nbaccel: {NO_WORKERS}")  # the answer to the command: shown even with NBACCEL_QUIET=1
+            return
+        stacks = self.require().stacks()
+        print("\n".join(stack.summary for stack in stacks))
+        for stack in stacks:
+            print(f"\n── rank {stack.rank} ──\n{stack.text.rstrip()}")
+
     def push(self, names: list[str]) -> None:
         pool = self.require()
         missing = [name for name in names if name not in self.user_ns]

@@ -41,3 +41,17 @@ def test_workers_stacks_on_demand(kernel: Kernel) -> None:
     finally:
         assert kernel.execute("pool.stop()").status == "ok"
     assert kernel.children() == []
+
+
+def test_the_stacks_command_says_where_each_worker_is(kernel: Kernel) -> None:
+    assert kernel.execute("%distributed stacks").stdout.startswith("nbaccel: ")  # no workers: says so
+    assert kernel.execute("%distributed start -n 2").status == "ok"
+    try:
+        run = kernel.execute("%distributed stacks")
+        assert run.status == "ok", run.error
+        lines = run.stdout.splitlines()
+        assert [line.split(":")[0] for line in lines[:2]] == ["rank 0", "rank 1"]
+        assert "── rank 1 ──" in run.stdout
+    finally:
+        assert kernel.execute("%distributed stop").status == "ok"
+    assert kernel.children() == []
