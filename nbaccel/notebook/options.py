@@ -61,6 +61,16 @@ def seconds(text: str) -> float:
     return value
 
 
+STALL_REPORT_OFF = "off"
+
+
+def stall_seconds(text: str) -> float | str:
+    """``--stall-report 60`` (seconds) or ``--stall-report off``."""
+    if text.strip().lower() in (STALL_REPORT_OFF, "none"):
+        return STALL_REPORT_OFF
+    return seconds(text)
+
+
 def gpu_list(text: str) -> tuple[int, ...]:
     parts = [part.strip() for part in text.split(",")]
     if not all(part.isdigit() for part in parts):
@@ -113,6 +123,11 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe"},
         one_shot=True,
     ),
+    Option(
+        ("--stall-report",),
+        {"type": stall_seconds, "metavar": "SECONDS", "help": "when no rank prints for this long, show each rank's stack once, stopping nothing; 'off' turns it off (default: 300)"},
+        one_shot=True,
+    ),
     Option(("--cluster",), {"type": variable_name, "metavar": "NAME", "help": "run on every rank of every node of the nbaccel.Cluster bound to NAME (empty namespaces on workers; docs/multinode.md)"}, one_shot=True),
 )
 
@@ -155,6 +170,8 @@ def launch_options(args: argparse.Namespace, command: str) -> tuple[LaunchOption
     with ``--cpu``) is a one-line UsageError naming ``command``, before anything starts.
     """
     given = {dest: getattr(args, dest) for dest in _LAUNCH_DESTS if not any(getattr(args, dest, None) is absent for absent in _NOT_GIVEN)}
+    if given.get("stall_report") == STALL_REPORT_OFF:
+        given["stall_report"] = None  # given, and off
     try:
         return LaunchOptions(**given), tuple(given)
     except (TypeError, ValueError) as error:

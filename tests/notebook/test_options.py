@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from nbaccel.notebook import pool_commands
 from nbaccel.notebook.magics import DistributedMagics
 from nbaccel.notebook.options import CELL_OPTIONS, LAUNCH_OPTIONS
@@ -46,3 +48,12 @@ def test_each_help_describes_every_option_once() -> None:
     assert cell_help.lstrip(":\n ").startswith("%%distributed [-n N]")
     workers_help = pool_commands.help_text()
     assert option_lines(workers_help) == [*(o.flags[0] for o in LAUNCH_OPTIONS), "--rank", "-o"]  # start's, then pull's
+
+
+def test_stall_report_takes_seconds_or_off() -> None:
+    from nbaccel.notebook.options import STALL_REPORT_OFF, stall_seconds
+
+    assert stall_seconds("60") == 60.0
+    assert stall_seconds("off") == STALL_REPORT_OFF and stall_seconds("None") == STALL_REPORT_OFF
+    with pytest.raises(argparse.ArgumentTypeError, match="positive number of seconds"):
+        stall_seconds("0")
