@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.cluster_group import ClusterLauncher
 from nbaccel.agent.remote import cluster_plan, naming_nodes
 from nbaccel.errors import RankFailedError
-from nbaccel.launch.options import check_timeout
+from nbaccel.launch.options import DEFAULT_STALL_REPORT, check_timeout
 from nbaccel.launch.seam import LaunchPlan
 from nbaccel.output.sinks import Sink
 from nbaccel.pool.pool import WorkerPool
@@ -55,7 +56,11 @@ class ClusterWorkers(WorkerPool):
         return f"<ClusterWorkers {self.num_processes} ranks on the cluster at {self.cluster.address}, {state}>"
 
 
-def start_cluster_workers(cluster: Cluster, *, mixed_precision: str = "no", cpu: bool = False, start_timeout: float = 120.0) -> ClusterWorkers:
+def start_cluster_workers(
+    cluster: Cluster, *, mixed_precision: str = "no", cpu: bool = False, start_timeout: float = 120.0, stall_report: float | None = DEFAULT_STALL_REPORT
+) -> ClusterWorkers:
     """Persistent workers on every rank of every live node; returns when all joined the group."""
     check_timeout(start_timeout, "start_timeout")
-    return ClusterWorkers(cluster, cluster_plan(cluster, mixed_precision, None, 0, cpu, time.monotonic()), start_timeout).start()
+    check_timeout(stall_report, "stall_report")
+    plan = dataclasses.replace(cluster_plan(cluster, mixed_precision, None, 0, cpu, time.monotonic()), stall_report=stall_report)
+    return ClusterWorkers(cluster, plan, start_timeout).start()

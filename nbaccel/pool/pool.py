@@ -345,7 +345,7 @@ def start_workers(
     if cluster is not None:  # every rank of every node of the cluster; namespaces start empty there
         from nbaccel.agent.remote_pool import start_cluster_workers
 
-        return start_cluster_workers(cluster, mixed_precision=mixed_precision, cpu=cpu, start_timeout=start_timeout)
+        return start_cluster_workers(cluster, mixed_precision=mixed_precision, cpu=cpu, start_timeout=start_timeout, stall_report=stall_report)
     check_timeout(start_timeout, "start_timeout")
     options = LaunchOptions(
         num_processes=num_processes,
