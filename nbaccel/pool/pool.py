@@ -22,11 +22,12 @@ from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.loop import EventLoop, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
-from nbaccel.launch.outcome import RankOutcome, Status, crash_status, root_cause, where_ranks_were
+from nbaccel.launch.outcome import Status, exit_words, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import Launcher, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
+from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task
@@ -114,16 +115,16 @@ class WorkerPool:
         if group is None:
             return
         _LIVE_POOLS.discard(self)
-        if graceful:
-            for rank in range(self.num_processes):
-                try:
-                    group.send(rank, Kind.STOP, b"")
-                except OSError:
-                    pass
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and not all(group.returncode(rank) is not None for rank in range(self.num_processes)):
-                time.sleep(0.01)
-        group.close()
+        try:
+            if graceful:
+                for rank in range(self.num_processes):
+                    try:
+                        group.send(rank, Kind.STOP, b"")
+                    except OSError:
+                        pass
+                wait_until_ended(group, grace=2.0)
+        finally:
+            group.close()  # also after an interrupt while waiting: nothing outlives this
 
     def restart(self) -> WorkerPool:
         """Fresh worker processes with empty namespaces and the same options."""
@@ -226,17 +227,9 @@ class WorkerPool:
     def _check_alive(self, group: RankGroup) -> None:
         dead = [rank for rank in range(self.num_processes) if group.returncode(rank) is not None]
         if dead:
-            ended = ", ".join(self._ended_state(group, rank) for rank in dead)
+            ended = ", ".join(f"rank {rank}: {exit_words(group.returncode(rank) or 0)}" for rank in dead)
             self.stop()
             raise PoolStoppedError(f"worker(s) ended while idle: {ended}; the pool was stopped. Start new workers.")
-
-    def _ended_state(self, group: RankGroup, rank: int) -> str:
-        """'rank 1: killed by SIGKILL', worded as every other outcome."""
-        code = group.returncode(rank)
-        if code is None:
-            return f"rank {rank}: running"
-        outcome = RankOutcome(rank, crash_status(code), exitcode=code if code >= 0 else None, signal=-code if code < 0 else None)
-        return outcome.describe()
 
     def _send(self, group: RankGroup, ranks: list[int], payload: bytes) -> None:
         try:
@@ -277,7 +270,8 @@ class WorkerPool:
 
     def _status_of(self, rank: int, answer: Any) -> WorkerStatus:
         group = self._require_group()
-        state = "idle" if not group.returncode(rank) is not None else self._ended_state(group, rank).split(": ", 1)[-1]
+        code = group.returncode(rank)
+        state = "idle" if code is None else exit_words(code)
         return WorkerStatus(
             rank=rank,
             pid=group.pid(rank),

@@ -17,7 +17,7 @@ import signal
 import time
 
 from nbaccel.launch.loop import EventLoop, Policy
-from nbaccel.launch.outcome import RankOutcome, Status, crash_status
+from nbaccel.launch.outcome import RankOutcome, Status
 
 INTERRUPT_GRACE = 10.0
 
@@ -53,7 +53,7 @@ class Task(Policy):
             self._interrupt(loop, Status.STOPPED)  # peers may wait for it in a collective
 
     def on_exit(self, loop: EventLoop, outcome: RankOutcome) -> None:
-        outcome.status = crash_status(-outcome.signal if outcome.signal is not None else outcome.exitcode or 0)
+        outcome.status = Status.SIGNALED if outcome.signal is not None else Status.EXITED  # ended mid-task: a crash
         self.exited.append(outcome)
         loop.finish(outcome)
 
