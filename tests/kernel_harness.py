@@ -112,8 +112,16 @@ class Kernel:
                 if interrupt_on is not None and not interrupted and _holds(output, interrupt_on):
                     self.manager.interrupt_kernel()
                     interrupted = True
-        reply = self.client.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+        reply = self._reply_to(msg_id, deadline)
         return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started)
+
+    def _reply_to(self, msg_id: str, deadline: float) -> dict[str, Any]:
+        # Skip shell replies to other requests: under load `wait_for_ready` sends kernel_info
+        # more than once, and a stale reply would otherwise be taken as this cell's.
+        while True:
+            reply = self.client.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
 
     def shutdown(self) -> None:
         self.client.stop_channels()
