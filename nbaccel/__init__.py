@@ -24,8 +24,8 @@ from nbaccel._version import __version__
 if TYPE_CHECKING:
     from nbaccel.agent.cluster import Cluster
     from nbaccel.errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
-    from nbaccel.launcher import notebook_launcher
-    from nbaccel.pool import PoolStoppedError, WorkerPool, start_workers
+    from nbaccel.launcher import notebook_launcher, start_workers
+    from nbaccel.pool import PoolStoppedError, WorkerPool
     from nbaccel.state import (
         AcceleratorState,
         DistributedType,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "notebook_launcher": "launcher",
     "Cluster": "agent.cluster",
-    "start_workers": "pool",
+    "start_workers": "launcher",
     "WorkerPool": "pool",
     "PoolStoppedError": "pool",
     "NbaccelError": "errors",

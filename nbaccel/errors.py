@@ -2,10 +2,47 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # errors.py is imported by every layer: it imports none of them at run time
-    from nbaccel.launch.outcome import RankOutcome
+# errors.py is the bottom layer: every layer imports it, so it imports none of them, not even for
+# annotations (that made errors -> launch/outcome -> wire/events -> errors a cycle). What an error
+# needs from a rank's outcome is said here as protocols; launch/outcome.py's RankOutcome and
+# RemoteError satisfy them, and build the headline the error carries.
+
+
+class RankErrorText(Protocol):
+    """An exception raised on a rank, as text (``nbaccel.launch.outcome.RemoteError``)."""
+
+    @property
+    def type_name(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def traceback(self) -> str: ...
+
+
+class RankReport(Protocol):
+    """What became of one rank, as an error reports it (``nbaccel.launch.outcome.RankOutcome``)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> RankErrorText | None: ...
+    @property
+    def signal_name(self) -> str | None: ...
+    @property
+    def exitcode(self) -> int | None: ...
+    @property
+    def last_lines(self) -> Sequence[str]: ...
+    @property
+    def where(self) -> str: ...
+    def describe(self) -> str:
+        """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
+    def headline(self) -> str:
+        """Why it failed, in one line: 'rank 1 failed: ValueError: boom'."""
 
 
 class NbaccelError(Exception):
@@ -34,7 +71,7 @@ class RankFailedError(NbaccelError):
     ``attempts`` (the failed attempts' outcomes, when ``max_restarts`` relaunched).
     """
 
-    def __init__(self, root: RankOutcome, outcomes: list[RankOutcome]) -> None:
+    def __init__(self, root: RankReport, outcomes: Sequence[RankReport]) -> None:
         self.rank = root.rank
         self.exc_type = root.error.type_name if root.error else None
         self.error_message = root.error.message if root.error else ""
@@ -42,15 +79,13 @@ class RankFailedError(NbaccelError):
         self.signal_name = root.signal_name
         self.exitcode = root.exitcode
         self.last_lines = list(root.last_lines)
-        self.outcomes = outcomes
-        self.attempts: list[list[RankOutcome]] = [outcomes]
+        self.outcomes: list[RankReport] = list(outcomes)
+        self.attempts: Sequence[Sequence[RankReport]] = [self.outcomes]
         super().__init__(self._headline(root))
 
     @staticmethod
-    def _headline(root: RankOutcome) -> str:
-        from nbaccel.launch.outcome import failure_headline  # the words of the view's banner and panel too
-
-        return failure_headline(root)
+    def _headline(root: RankReport) -> str:
+        return root.headline()  # the words of the view's banner and panel too
 
     def report(self) -> str:
         """The full text: headline, remote traceback, last output lines, every rank's outcome."""
@@ -89,8 +124,8 @@ def _rebuild_rank_failed(state: dict[str, Any]) -> RankFailedError:
     return error
 
 
-def _outcome_of(state: dict[str, Any]) -> RankOutcome:
-    outcomes: list[RankOutcome] = state["outcomes"]
+def _outcome_of(state: dict[str, Any]) -> RankReport:
+    outcomes: list[RankReport] = state["outcomes"]
     return next(o for o in outcomes if o.rank == state["rank"])
 
 
@@ -100,10 +135,10 @@ class LaunchTimeoutError(NbaccelError, TimeoutError):
     ``running`` maps each rank that was still running to its last output line.
     """
 
-    def __init__(self, timeout: float, running: dict[int, str], outcomes: list[RankOutcome], what: str = "launch", option: str = "timeout") -> None:
+    def __init__(self, timeout: float, running: dict[int, str], outcomes: Sequence[RankReport], what: str = "launch", option: str = "timeout") -> None:
         self.timeout = timeout
         self.running = running
-        self.outcomes = outcomes
+        self.outcomes: list[RankReport] = list(outcomes)
         where = {o.rank: o.where for o in outcomes if o.where}
         lines = [_running_line(rank, line, where.get(rank)) for rank, line in running.items()]
         super().__init__(

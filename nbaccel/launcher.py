@@ -1,6 +1,8 @@
-"""``notebook_launcher``: run a function on one process per GPU, forked from the kernel.
+"""``notebook_launcher`` and ``start_workers``: run a function on one process per GPU, or start workers.
 
-The function validates, decides, and hands over: preflight and device choice live in
+Both dispatch ``cluster=`` here, above the pool and the agent, so nothing below knows which
+launcher runs the ranks (``nbaccel/launch/seam.py``). The one-node function validates, decides,
+and hands over: preflight and device choice live in
 ``nbaccel.launch.preflight``, the ranks in ``nbaccel.launch``, their output in ``nbaccel.output``.
 """
 
@@ -17,10 +19,12 @@ from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_ca
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import Sink
 from nbaccel.output.choose import make_sink
+from nbaccel.pool.pool import start_local_workers
 from nbaccel.rank.bootstrap import Job
 
 if TYPE_CHECKING:
     from nbaccel.agent.cluster import Cluster
+    from nbaccel.pool.pool import WorkerPool
 
 T = TypeVar("T")
 
@@ -110,3 +114,51 @@ def notebook_launcher(
         return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
     finally:
         warm.import_noted()
+
+
+def start_workers(
+    num_processes: int | None = None,
+    *,
+    gpus: Sequence[int] | None = None,
+    mixed_precision: str = "no",
+    cpu: bool = False,
+    start_method: str = "auto",
+    namespace: dict[str, Any] | None = None,
+    start_timeout: float = 120.0,
+    stall_report: float | None = DEFAULT_STALL_REPORT,
+    cluster: Cluster | None = None,
+) -> WorkerPool:
+    """Start persistent workers and return when every rank has joined the process group.
+
+    Args:
+        num_processes: ranks to start; default one per visible GPU, or 2 CPU ranks on gloo.
+        gpus, mixed_precision, cpu, start_method: as for ``notebook_launcher``.
+        namespace: what every rank's namespace starts as (a copy, made by the fork); the magic
+            passes the notebook's. Ignored under spawn: spawned ranks start empty.
+        start_timeout: seconds to wait for every rank to be ready.
+        stall_report: seconds without output from a cell on the workers after which each
+            rank's stack is shown once (nothing is stopped); None turns this off.
+        cluster: an ``nbaccel.Cluster``: a pool across every node joined to it (namespaces start
+            empty there; ``num_processes``, ``gpus``, ``start_method`` and ``namespace`` do not
+            apply; docs/multinode.md).
+
+    Example:
+        >>> pool = start_workers(2)
+        >>> pool.run(lambda: 1)
+        [1, 1]
+        >>> pool.stop()
+    """
+    if cluster is not None:  # every rank of every node of the cluster
+        from nbaccel.agent.remote_pool import start_cluster_workers
+
+        return start_cluster_workers(cluster, mixed_precision=mixed_precision, cpu=cpu, start_timeout=start_timeout, stall_report=stall_report)
+    return start_local_workers(
+        num_processes,
+        gpus=gpus,
+        mixed_precision=mixed_precision,
+        cpu=cpu,
+        start_method=start_method,
+        namespace=namespace,
+        start_timeout=start_timeout,
+        stall_report=stall_report,
+    )

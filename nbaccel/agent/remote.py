@@ -17,10 +17,9 @@ from typing import Any
 
 from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.cluster_group import ClusterLauncher, layout
-from nbaccel.errors import RankFailedError
+from nbaccel.errors import RankFailedError, RankReport
 from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import LaunchOptions, check_callable
-from nbaccel.launch.outcome import RankOutcome
 from nbaccel.launch.seam import LaunchPlan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
@@ -32,12 +31,12 @@ __all__ = ["NodeRankFailedError", "cluster_launcher", "cluster_plan", "layout", 
 class NodeRankFailedError(RankFailedError):
     """A rank on some node failed; the message names the rank and its node first."""
 
-    def __init__(self, root: RankOutcome, outcomes: list[RankOutcome], where: dict[int, str]) -> None:
+    def __init__(self, root: RankReport, outcomes: Sequence[RankReport], where: dict[int, str]) -> None:
         self.where = where
         self.node = where.get(root.rank, "")
         super().__init__(root, outcomes)
 
-    def _headline(self, root: RankOutcome) -> str:  # type: ignore[override]
+    def _headline(self, root: RankReport) -> str:  # type: ignore[override]
         headline = RankFailedError._headline(root)
         where = getattr(self, "where", {}).get(root.rank)
         return headline.replace(f"rank {root.rank} ", f"rank {root.rank} on {where} ", 1) if where else headline

@@ -93,6 +93,10 @@ class RankOutcome:
         """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
         return f"rank {self.rank}: {status_words(self).summary}"
 
+    def headline(self) -> str:
+        """Why it failed, in one line (``failure_headline``): what ``RankFailedError`` says first."""
+        return failure_headline(self)
+
     @property
     def is_failure(self) -> bool:
         """A failure that started the launch's end (not a rank nbaccel stopped)."""

@@ -30,7 +30,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from nbaccel.errors import NbaccelError, PreflightError
 from nbaccel.launch.notices import say
-from nbaccel.launcher import notebook_launcher
+from nbaccel.launcher import notebook_launcher, start_workers
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
 from nbaccel.notebook.options import (
@@ -45,7 +45,6 @@ from nbaccel.notebook.options import (
     with_cluster,
 )
 from nbaccel.notebook.session import NotebookWorkers, StartPool
-from nbaccel.pool import start_workers
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

@@ -1,5 +1,7 @@
 """Persistent workers: a process group (and GPU memory, and namespaces) that lives across cells.
 
+``nbaccel.start_workers`` (``nbaccel/launcher.py``) starts them here, or across nodes for ``cluster=``.
+
 Example:
     >>> import nbaccel
     >>> pool = nbaccel.start_workers(2)
@@ -8,6 +10,6 @@ Example:
     >>> pool.stop()
 """
 
-from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus, start_workers
+from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus, start_local_workers
 
-__all__ = ["PoolStoppedError", "WorkerPool", "WorkerStatus", "start_workers"]
+__all__ = ["PoolStoppedError", "WorkerPool", "WorkerStatus", "start_local_workers"]

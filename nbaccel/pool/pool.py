@@ -40,8 +40,6 @@ from nbaccel.wire.portable import Sourced
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
-    from nbaccel.agent.cluster import Cluster
-
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
@@ -306,7 +304,7 @@ def _resident_mb(pid: int) -> float:
         return 0.0
 
 
-def start_workers(
+def start_local_workers(
     num_processes: int | None = None,
     *,
     gpus: Sequence[int] | None = None,
@@ -316,9 +314,10 @@ def start_workers(
     namespace: dict[str, Any] | None = None,
     start_timeout: float = 120.0,
     stall_report: float | None = DEFAULT_STALL_REPORT,
-    cluster: Cluster | None = None,
 ) -> WorkerPool:
-    """Fork persistent workers and return when every rank has joined the process group.
+    """Fork persistent workers on this machine and return when every rank has joined the process group.
+
+    ``nbaccel.start_workers`` (``nbaccel/launcher.py``) runs this, or a pool across nodes for ``cluster=``.
 
     Args:
         num_processes: ranks to start; default one per visible GPU, or 2 CPU ranks on gloo.
@@ -328,18 +327,13 @@ def start_workers(
         start_timeout: seconds to wait for every rank to be ready.
         stall_report: seconds without output from a cell on the workers after which each
             rank's stack is shown once (nothing is stopped); None turns this off.
-        cluster: an ``nbaccel.Cluster``: a pool across every node joined to it (docs/multinode.md).
 
     Example:
-        >>> pool = start_workers(2)
+        >>> pool = start_local_workers(2)
         >>> pool.run(lambda: 1)
         [1, 1]
         >>> pool.stop()
     """
-    if cluster is not None:  # every rank of every node of the cluster; namespaces start empty there
-        from nbaccel.agent.remote_pool import start_cluster_workers
-
-        return start_cluster_workers(cluster, mixed_precision=mixed_precision, cpu=cpu, start_timeout=start_timeout, stall_report=stall_report)
     check_timeout(start_timeout, "start_timeout")
     options = LaunchOptions(
         num_processes=num_processes,

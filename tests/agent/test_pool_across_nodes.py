@@ -10,7 +10,7 @@ import pytest
 from nbaccel import notebook_launcher
 from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.remote import NodeRankFailedError
-from nbaccel.pool import PoolStoppedError, start_workers
+from nbaccel import PoolStoppedError, start_workers
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, interrupt_main_thread, wait_until
 

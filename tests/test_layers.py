@@ -1,0 +1,228 @@
+"""The tree keeps its layer order (docs/architecture.md): a layer imports only layers below it, and no
+module imports itself back through others.
+
+Every ``import`` in every module counts, wherever it stands: at module level, inside a function (a
+deferred import is still a dependency) and under ``if TYPE_CHECKING:`` (an annotation naming an upper
+layer still ties the lower one to it). For cycles, type-only imports are left out: they never run, so
+they cannot make an import order matter, and a seam naming the loop it serves in an annotation
+(``launch/seam.py`` and ``launch/loop.py``) is a dependency of the types, not of the code.
+
+The order is declared once, in ``LAYERS``; ``KNOWN`` lists each import that breaks a rule today and
+waits on a file move, with the reason. A known exception that no longer occurs fails too, so the
+table shrinks as the moves land.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "nbaccel"
+
+# Top to bottom. Modules in one row may import each other (no cycles); a module imports only rows
+# below its own. A name matches a module and everything under it.
+LAYERS: list[tuple[str, ...]] = [
+    ("nbaccel",),  # __init__.py: the lazy public face over everything
+    ("nbaccel.notebook",),
+    ("nbaccel.launcher", "nbaccel.testing"),
+    ("nbaccel.agent",),
+    ("nbaccel.pool",),
+    ("nbaccel.output",),
+    ("nbaccel.launch",),
+    ("nbaccel.rank",),
+    ("nbaccel.state",),
+    ("nbaccel.wire",),
+    ("nbaccel.devices",),  # stdlib and errors only: what a machine's accelerators are
+    ("nbaccel.errors", "nbaccel._version"),
+]
+
+# The data that crosses the fork (a Job and the child's pipe ends) lives in the rank's bootstrap today,
+# so kernel-side modules import the rank's bootstrap for it. Each importer is listed; the lead moves
+# these names to a module both sides import, then empties this set.
+FORK_DATA = ("nbaccel.rank.bootstrap", frozenset({"Job", "ChildEnds"}))
+RANK_SIDE = ("nbaccel.rank.", "nbaccel.pool.serve", "nbaccel.agent.rank_entry")  # modules that run in the rank
+FORK_DATA_REASON = "Job/ChildEnds live in rank/bootstrap.py; they move to a module both sides of the fork import (issue 20, item 1)"
+KNOWN_FORK_DATA_IMPORTERS = frozenset(
+    {
+        "nbaccel.agent.cluster_group",
+        "nbaccel.agent.remote",
+        "nbaccel.launch.fork",
+        "nbaccel.launch.group",
+        "nbaccel.launch.local",
+        "nbaccel.launch.one_shot",
+        "nbaccel.launch.pipes",
+        "nbaccel.launch.seam",
+        "nbaccel.launch.spawn",
+        "nbaccel.launcher",
+        "nbaccel.pool.pool",
+    }
+)
+
+# (importer, imported): an upward import waiting on a file move, with its reason. Empty today.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str  # the module (a package's __init__ for `from package import name` of a module-less name)
+    names: tuple[str, ...]
+    line: int
+    type_only: bool  # under `if TYPE_CHECKING:`
+
+    def __str__(self) -> str:
+        where = " (type-only)" if self.type_only else ""
+        return f"{self.importer}:{self.line} imports {self.imported}{where}"
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    names = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+class _Imports(ast.NodeVisitor):
+    def __init__(self, module: str, package: str, modules: dict[str, Path]) -> None:
+        self.module, self.package, self.modules = module, package, modules
+        self.found: list[Import] = []
+        self._type_only = 0
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node.test):
+            self._type_only += 1
+            for child in node.body:
+                self.visit(child)
+            self._type_only -= 1
+            for child in node.orelse:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, (), node.lineno)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = node.module or ""
+        if node.level:
+            parts = self.package.split(".")[: len(self.package.split(".")) - node.level + 1]
+            base = ".".join([*parts, base] if base else parts)
+        plain = [a.name for a in node.names if f"{base}.{a.name}" not in self.modules]
+        for alias in node.names:
+            if f"{base}.{alias.name}" in self.modules:  # `from nbaccel.launch import warm`: the module warm
+                self._add(f"{base}.{alias.name}", (), node.lineno)
+        if plain:
+            self._add(base, tuple(plain), node.lineno)
+
+    def _add(self, imported: str, names: tuple[str, ...], line: int) -> None:
+        if imported == "nbaccel" or imported.startswith("nbaccel."):
+            self.found.append(Import(self.module, imported, names, line, self._type_only > 0))
+
+
+def all_imports() -> Iterator[Import]:
+    modules = module_names()
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        visitor = _Imports(module, package, modules)
+        visitor.visit(ast.parse(path.read_text(), str(path)))
+        yield from visitor.found
+
+
+def layer_of(module: str) -> int:
+    """The row of LAYERS a module belongs to: the longest matching name wins."""
+    best, row = -1, -1
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, row = len(name), index
+    assert row >= 0, f"{module} is in no layer of LAYERS: add it to the table (and to docs/architecture.md)"
+    return row
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in module_names():
+        layer_of(module)
+
+
+def test_no_import_points_up() -> None:
+    upward = [i for i in all_imports() if layer_of(i.imported) < layer_of(i.importer)]
+    unexpected = [str(i) for i in upward if (i.importer, i.imported) not in KNOWN_UPWARD]
+    assert not unexpected, "imports against the layer order (docs/architecture.md):\n  " + "\n  ".join(unexpected)
+    stale = [f"{a} -> {b}" for a, b in KNOWN_UPWARD if (a, b) not in {(i.importer, i.imported) for i in upward}]
+    assert not stale, "known exceptions that no longer occur (remove them from KNOWN_UPWARD):\n  " + "\n  ".join(stale)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {}
+    for i in all_imports():
+        if not i.type_only and i.imported != i.importer:
+            graph.setdefault(i.importer, set()).add(i.imported)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles (module- and function-level imports alike):\n  " + "\n  ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    """The check above can fail: a three-module ring is found, a chain is not."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}}) == []
+
+
+def test_fork_data_importers_are_the_known_ones() -> None:
+    module, names = FORK_DATA
+    importers = {i.importer for i in all_imports() if i.imported == module and names & set(i.names) and not i.importer.startswith(RANK_SIDE)}
+    new = sorted(importers - KNOWN_FORK_DATA_IMPORTERS)
+    assert not new, f"new kernel-side imports of {sorted(names)} from {module} ({FORK_DATA_REASON}): {new}"
+    stale = sorted(KNOWN_FORK_DATA_IMPORTERS - importers)
+    assert not stale, f"no longer import {sorted(names)} from {module}: remove them from KNOWN_FORK_DATA_IMPORTERS: {stale}"
+
+
+def test_errors_imports_no_layer() -> None:
+    """errors.py is imported by every layer, so it imports none (not even for annotations)."""
+    assert [str(i) for i in all_imports() if i.importer == "nbaccel.errors"] == []
