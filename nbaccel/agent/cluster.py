@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import html
 import ipaddress
 import logging
@@ -29,6 +30,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nbaccel import _version
 from nbaccel.agent import protocol
 from nbaccel.agent.inbox import LaunchInbox
 from nbaccel.agent.link import Link, new_nonce
@@ -39,6 +41,24 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 log = logging.getLogger("nbaccel.cluster")
+
+
+def version_refusal(join: dict[str, Any]) -> str | None:
+    """Why a node agent may not join, or None: it must run this kernel's nbaccel version.
+
+    The frames and messages between them are versioned by the package, not one by one, so a node
+    of another version is refused at once, both versions named, rather than misread later.
+
+    Example:
+        >>> version_refusal({"version": _version.__version__}) is None
+        True
+        >>> version_refusal({"version": "0.0.1"})  # doctest: +ELLIPSIS
+        'the node runs nbaccel 0.0.1, this kernel runs nbaccel ...; install the same nbaccel on every node'
+    """
+    theirs = str(join.get("version", "unknown (older than 0.1)"))
+    if theirs == _version.__version__:
+        return None
+    return f"the node runs nbaccel {theirs}, this kernel runs nbaccel {_version.__version__}; install the same nbaccel on every node"
 
 
 @dataclass
@@ -272,6 +292,12 @@ class Cluster:
             self._refuse(fd, f"{link.peer}: first message was not a join for this session")
             return
         link.start_session(session)
+        refusal = version_refusal(join.json() or {})
+        if refusal is not None:
+            with contextlib.suppress(OSError):  # it hears why, if it still listens
+                link.send(protocol.REFUSED, {"reason": refusal})
+            self._refuse(fd, f"{link.peer}: {refusal}")
+            return
         self._admit(fd, link, join)
 
     def _refuse(self, fd: int, reason: str) -> None:

@@ -176,7 +176,7 @@ class ClusterRankGroup:
         elif item.kind == protocol.FRAME:
             rank, kind_number, payload = protocol.unpack_frame(item.payload)
             if rank in slot.ranks and self._loop is not None:
-                self._loop.event(rank, events.Event(events.Kind(kind_number), payload))
+                self._loop.event(rank, events.Event(events.decode_kind(kind_number), payload))
         elif item.kind == protocol.EXITED:
             body = item.json()
             if int(body["rank"]) in slot.ranks:

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+from nbaccel import _version
 from nbaccel.agent import protocol
 from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.link import Link, new_nonce
@@ -89,8 +90,11 @@ class NodeAgent:
         link.start_session(session)
         local_address = sock.getsockname()[0]
         self.interface = interface_of(local_address)
-        link.send(protocol.JOIN, {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid()})
+        join = {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid(), "version": _version.__version__}
+        link.send(protocol.JOIN, join)
         welcome = self._first_message(link)
+        if welcome.kind == protocol.REFUSED:
+            raise AgentError(f"the cluster at {self.address} refused this node: {welcome.json().get('reason', '?')}", EXIT_REFUSED)
         if welcome.kind != protocol.WELCOME:
             raise AgentError(f"the cluster at {self.address} did not accept this node ({welcome.kind})", EXIT_REFUSED)
         self.node = welcome.json()

@@ -221,7 +221,7 @@ class NodeRanks:
         local = rank - self.first_rank
         if 0 <= local < self.nproc and local not in self.exited and self.pipes[local].commands is not None:
             try:
-                events.send_bytes(self.pipes[local].commands, events.Kind(kind), payload, defer_sigint=False)  # type: ignore[arg-type]
+                events.send_bytes(self.pipes[local].commands, events.decode_kind(kind), payload, defer_sigint=False)
             except OSError:  # it died: its exit is reported on its own
                 pass
 

@@ -1,12 +1,13 @@
 """The kinds of message between the kernel and its agents, and how a message carries JSON and bytes.
 
-Kernel to agent: ``hello`` (first, to prove the kernel holds the secret), ``welcome``,
+Kernel to agent: ``hello`` (first, to prove the kernel holds the secret), ``welcome`` (or
+``refused``, with the reason: another nbaccel version),
 ``heartbeat``, ``launch`` (a launch spec as JSON plus the cloudpickled job), ``stop``,
 ``release`` (every rank returned: leave the process group), ``command`` (a frame for one rank's
 command pipe: a persistent worker's task or stop), ``signal`` (send a signal to some ranks: a
 pool's interrupt), ``close`` (the cluster is closing).
 
-Agent to kernel: ``join``, ``heartbeat``, ``started`` (pids), ``lines`` (a rank's stdout/stderr),
+Agent to kernel: ``join`` (host, ranks, GPUs, pid and its nbaccel ``version``), ``heartbeat``, ``started`` (pids), ``lines`` (a rank's stdout/stderr),
 ``frame`` (a rank's channel frame: result, error, event), ``exited`` (a rank's exit status),
 ``finished`` (every local rank of the launch has ended), ``failed`` (the ranks could not start).
 
@@ -23,6 +24,7 @@ import struct
 from typing import Any
 
 HELLO, WELCOME, HEARTBEAT, LAUNCH, STOP, RELEASE, CLOSE = "hello", "welcome", "heartbeat", "launch", "stop", "release", "close"
+REFUSED = "refused"  # kernel to agent, instead of welcome: why it may not join ({"reason"})
 COMMAND, SIGNAL, STACKS = "command", "signal", "stacks"  # stacks: asked by the kernel, answered by the agent
 JOIN, STARTED, LINES, FRAME, EXITED, FINISHED, FAILED = "join", "started", "lines", "frame", "exited", "finished", "failed"
 

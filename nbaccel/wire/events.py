@@ -14,8 +14,8 @@ A reader that meets another version or an unknown kind raises ``FrameError`` rat
 Locally the stream runs over a pipe private to one launch (created by the kernel, inherited only
 by its own child), so nothing decoded here came from a network. A rank's stdout and stderr are
 not framed locally: they are the raw file descriptors 1 and 2 (C libraries write there too), cut
-into lines by the kernel; a node agent forwards those same lines as ``LINES`` events, so the
-kernel's loop receives ``lines(rank, stream, lines)`` either way. Over a network every frame is
+into lines by the kernel; a node agent forwards those same lines as ``lines`` messages
+(nbaccel.agent.protocol), so the kernel's loop receives ``lines(rank, stream, lines)`` either way. Over a network every frame is
 signed before anything is unpickled (nbaccel.agent).
 
 Example:
@@ -58,8 +58,8 @@ class Kind(enum.IntEnum):
     TASK = 5  # kernel to worker: run this callable over the worker's namespace
     STOP = 6  # kernel to worker: leave the serve loop
     IMPORTED = 7  # heavy modules the rank had to import (nbaccel.launch.warm), for the kernel to preload
-    LINES = 8  # a remote rank's output lines: {stream, lines} (local ranks use raw pipes instead)
-    STACK = 9  # where the rank is: its Python stacks as text, dumped on request
+    # Output lines and stacks are no kinds: lines are raw fds 1/2 locally and the agent's `lines`
+    # messages remotely (nbaccel.agent.protocol); stacks are files written by faulthandler.
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class FrameDecoder:
             end = _HEADER.size + length
             if len(self._buffer) < end:
                 break
-            decoded.append(Event(_kind(kind), bytes(self._buffer[_HEADER.size : end])))
+            decoded.append(Event(decode_kind(kind), bytes(self._buffer[_HEADER.size : end])))
             del self._buffer[:end]
         return decoded
 
@@ -186,7 +186,19 @@ class FrameDecoder:
         return len(self._buffer)
 
 
-def _kind(code: int) -> Kind:
+def decode_kind(code: int) -> Kind:
+    """The ``Kind`` of a frame's kind byte; ``FrameError`` for one this nbaccel does not know.
+
+    The one decoder of kinds, for frames read from a pipe and frames a node agent forwarded.
+
+    Example:
+        >>> decode_kind(1)
+        <Kind.RESULT: 1>
+        >>> decode_kind(99)
+        Traceback (most recent call last):
+        ...
+        nbaccel.errors.FrameError: unknown event kind 99 in a frame; run the same nbaccel version on both ends.
+    """
     try:
         return Kind(code)
     except ValueError:

@@ -6,6 +6,7 @@ import os
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 
@@ -136,3 +137,25 @@ def test_the_agent_is_a_console_script_with_help() -> None:
     assert project["project"]["scripts"]["nbaccel-agent"] == "nbaccel.agent.cli:main" and callable(cli.main)
     run = subprocess.run([sys.executable, "-m", "nbaccel.agent", "--help"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0 and "--nproc-per-node" in run.stdout and "--token-file" in run.stdout
+
+
+_OTHER_VERSION_AGENT = """
+import sys
+import nbaccel._version
+nbaccel._version.__version__ = "0.0.1"  # this node's nbaccel is another release
+from nbaccel.agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_agent_of_another_nbaccel_version_is_refused_at_join_naming_both_versions() -> None:
+    from nbaccel import __version__
+
+    with Cluster("127.0.0.1:0") as cluster:
+        argv = [sys.executable, "-c", _OTHER_VERSION_AGENT, *agent_argv(cluster.address, cluster.token_file)[3:]]
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert run.returncode == EXIT_REFUSED, run.stderr
+        assert run.stderr.count("\n") == 1 and "refused this node" in run.stderr, run.stderr
+        assert f"nbaccel 0.0.1, this kernel runs nbaccel {__version__}" in run.stderr
+        assert _eventually(lambda: any("nbaccel 0.0.1" in r for r in cluster.refused), 2.0)
+        assert cluster.nodes == []
