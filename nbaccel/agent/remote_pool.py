@@ -38,9 +38,9 @@ class ClusterWorkers(WorkerPool):
         super().__init__(plan, ClusterLauncher(cluster), None, start_timeout)
         self.cluster = cluster
 
-    def start(self) -> ClusterWorkers:
+    def start(self, output: str | Sink = "text") -> ClusterWorkers:
         try:
-            super().start()
+            super().start(output)
         except RankFailedError as error:
             raise naming_nodes(error, self.launcher) from None  # type: ignore[arg-type]
         return self

@@ -78,14 +78,17 @@ class WorkerPool:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> WorkerPool:
-        """Fork the ranks and return once every rank has joined the process group (handshake)."""
+    def start(self, output: str | Sink = "text") -> WorkerPool:
+        """Fork the ranks and return once every rank has joined the process group (handshake).
+
+        What the ranks print while starting goes to ``output`` (a sink, or a name for ``make_sink``).
+        """
         seed = self._seed if self.launcher.start_method == "fork" else None  # spawn: fresh namespaces
         _import_rank_modules()
         job = Job(serve, args=(seed,), pass_ends=True)
         group = self.launcher.start_group(job, self.plan, attempt=0, persistent=True)
         try:
-            self.devices = wait_until_ready(group, make_sink("text"), self._start_timeout)
+            self.devices = wait_until_ready(group, make_sink(output), self._start_timeout)
         except BaseException:
             group.close()
             raise

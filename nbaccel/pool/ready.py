@@ -1,6 +1,8 @@
 """The start-up handshake of persistent workers: every rank says READY once it joined the group.
 
-A small policy over the one event loop (``nbaccel.launch.loop``).
+A small policy over the one event loop (``nbaccel.launch.loop``), inside the one sink lifecycle
+(``SinkSession``): the sink hears ``launch_started`` before any start-up output and
+``launch_finished`` once the wait ends, however it ends (a text sink flushes there).
 
 Example::
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import time
 
 from nbaccel.errors import LaunchTimeoutError, RankFailedError
-from nbaccel.launch.loop import EventLoop, Policy
+from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.outcome import RankOutcome, root_cause
 from nbaccel.launch.seam import RankGroup, Sink
 
@@ -33,8 +35,9 @@ class Ready(Policy):
 def wait_until_ready(group: RankGroup, sink: Sink, start_timeout: float) -> list[str]:
     """Every rank's device once all are ready; raises if a rank fails or ``start_timeout`` passes."""
     policy = Ready()
-    loop = EventLoop(group, sink, policy, deadline=time.monotonic() + start_timeout)
-    loop.run()
+    with SinkSession(sink, group.num_processes, 0) as session:
+        loop = session.watch(EventLoop(group, sink, policy, deadline=time.monotonic() + start_timeout))
+        loop.run()
     root = root_cause(loop.outcome_list())
     if root is not None:
         raise RankFailedError(root, loop.outcome_list())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import threading
@@ -238,3 +239,54 @@ def test_interrupts_that_arrive_between_tasks_never_break_the_workers(pool) -> N
         with pytest.raises(nbaccel.RankFailedError):
             pool.run(everyone_fails)
     assert pool.alive and pool.run(all_reduce_rank) == [3.0, 3.0]
+
+
+class _FlushCounter(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_start_runs_the_sink_lifecycle_around_start_up_output(monkeypatch) -> None:
+    """What ranks print while the pool starts reaches a sink between launch_started and launch_finished (a text sink flushes there)."""
+    import nbaccel.pool.pool as pool_module
+    from nbaccel.launch.local import LocalLauncher
+    from nbaccel.launch.options import LaunchOptions
+    from nbaccel.launch.plan import choose_starter, make_plan
+    from nbaccel.output.sinks import TextSink
+
+    serve = pool_module.serve
+
+    def noisy_serve(*args, **kwargs):  # runs in each forked rank, before it says READY
+        print("warming up", flush=True)
+        return serve(*args, **kwargs)
+
+    monkeypatch.setattr(pool_module, "serve", noisy_serve)
+    calls: list[object] = []
+
+    class Recording(TextSink):
+        def launch_started(self, num_processes, attempt, ranks=None) -> None:
+            calls.append(("started", num_processes, attempt))
+
+        def output(self, rank, stream, lines) -> None:
+            calls.append("output")
+            super().output(rank, stream, lines)
+
+        def launch_finished(self, outcomes) -> None:
+            calls.append(("finished", len(outcomes)))
+            super().launch_finished(outcomes)
+
+    stdout = _FlushCounter()
+    plan = make_plan(LaunchOptions(num_processes=2, cpu=True, start_method="fork"), time.monotonic())
+    workers = pool_module.WorkerPool(plan, LocalLauncher(choose_starter("fork")), None, 60.0).start(output=Recording(stdout=stdout))
+    try:
+        assert workers.run(lambda: 1) == [1, 1]
+    finally:
+        workers.stop()
+    assert calls == [("started", 2, 0), "output", "output", ("finished", 2)]
+    assert sorted(stdout.getvalue().splitlines()) == ["[rank 0] warming up", "[rank 1] warming up"]
+    assert stdout.flushes == 1
