@@ -1,7 +1,7 @@
 """Persistent workers: ranks forked once, with a process group and namespaces that live across cells.
 
 Example:
-    >>> with start_workers(2, cpu=True) as pool:
+    >>> with start_local_workers(2, cpu=True) as pool:
     ...     pool.push(scale=10)
     ...     pool.run(lambda: int(os.environ["RANK"]))
     [0, 1]
@@ -176,7 +176,7 @@ class WorkerPool:
         Between cells a rank's summary reads ``rank 0: idle, waiting for the next cell``.
 
         Example:
-            >>> pool = start_workers(2)
+            >>> pool = start_local_workers(2)
             >>> for stack in pool.stacks():  # doctest: +ELLIPSIS
             ...     print(stack.summary)
             rank 0: ...

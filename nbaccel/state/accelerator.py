@@ -3,7 +3,8 @@
 nbaccel does not configure DeepSpeed, FSDP, Megatron-LM, tensor parallelism or torch.compile
 itself: the plugins are stored as given, for the code (yours, or a library's) that does.
 
-Example:
+Example (from a fresh process state: an earlier ``AcceleratorState`` fixes mixed precision):
+    >>> AcceleratorState._reset_state(reset_partial_state=True)
     >>> state = AcceleratorState(mixed_precision="bf16")
     >>> state.mixed_precision, state.num_processes
     ('bf16', 1)
@@ -67,6 +68,7 @@ class AcceleratorState(PartialState):
             asks for a different configuration (reset with ``AcceleratorState._reset_state()``).
 
     Example:
+        >>> AcceleratorState._reset_state(reset_partial_state=True)  # the plugins are fixed at the first one
         >>> state = AcceleratorState(deepspeed_plugin={"train": "cfg-a", "eval": "cfg-b"})
         >>> state.deepspeed_plugin
         'cfg-a'

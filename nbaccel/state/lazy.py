@@ -10,7 +10,8 @@ its attributes is read; from then on it is a view of that state like any ``Parti
 Unlike a plain ``PartialState`` it outlives a reset (``PartialState._reset_state()``, or a fork
 that drops the kernel's state): the next read sets the shared state up again.
 
-Example:
+Example (from a fresh process state, as in a new kernel):
+    >>> PartialState._reset_state()
     >>> state = LazyPartialState()
     >>> isinstance(state, PartialState), state.initialized  # nothing set up yet
     (True, False)

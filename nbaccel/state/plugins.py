@@ -23,6 +23,7 @@ class InitProcessGroupKwargs:
 
     Example:
         >>> from nbaccel import PartialState
+        >>> PartialState._reset_state()  # the arguments apply to the first PartialState only
         >>> kwargs = InitProcessGroupKwargs(backend="gloo", timeout=timedelta(minutes=5)).to_kwargs()
         >>> PartialState(**kwargs).num_processes  # one process: no group is needed, none is made
         1
