@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests.kernel_harness import running_kernel  # noqa: E402
+from tests.kernel_harness import running_kernel
 
 KERNEL_CODE = r'''
 import json, os, socket, statistics, time
@@ -135,11 +135,11 @@ def main() -> None:
         run = kernel.execute(KERNEL_CODE.replace("__RUNS__", str(args.runs)).replace("__RANKS__", repr(args.ranks)), timeout=900)
         if run.status != "ok":
             sys.exit(f"benchmark failed in the kernel:\n{run.error}")
-        line = next(l for l in run.stdout.splitlines() if l.startswith("BENCH"))
+        line = next(out for out in run.stdout.splitlines() if out.startswith("BENCH"))
         results = json.loads(line[len("BENCH"):])
         text = kernel.execute(TEXT_CELL, timeout=300)
-        received = sum(1 for l in text.stdout.splitlines() if l.startswith("[rank ") and " line " in l)
-        elapsed = float(next(l for l in text.stdout.splitlines() if l.startswith("ELAPSED")).split()[1])
+        received = sum(1 for out in text.stdout.splitlines() if out.startswith("[rank ") and " line " in out)
+        elapsed = float(next(out for out in text.stdout.splitlines() if out.startswith("ELAPSED")).split()[1])
     report(results, received, elapsed)
 
 

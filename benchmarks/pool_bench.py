@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests.kernel_harness import Kernel, running_kernel  # noqa: E402
+from tests.kernel_harness import Kernel, running_kernel
 
 SETUP = "%load_ext nbaccel\nimport torch, torch.distributed as dist"
 LOCAL = "pass"

@@ -34,7 +34,7 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests.kernel_harness import Kernel, running_kernel  # noqa: E402
+from tests.kernel_harness import Kernel, running_kernel
 
 SETUP = r'''
 import nbaccel
@@ -119,7 +119,7 @@ def run_once(kernel: Kernel, mode: str, ranks: int, lines: int) -> dict[str, Any
 def lost_lines(mode: str, run: Any, ranks: int, lines: int) -> int:
     """Lines that did not arrive (0 expected), checked the way each view keeps them."""
     if mode == "floor":
-        counts = eval(run.stdout.strip().splitlines()[-1])  # noqa: S307 - a dict we printed ourselves
+        counts = eval(run.stdout.strip().splitlines()[-1])  # a dict we printed ourselves
         return sum(lines - counts.get(r, 0) for r in range(ranks))
     if mode == "text":
         seen = [0] * ranks
@@ -130,7 +130,8 @@ def lost_lines(mode: str, run: Any, ranks: int, lines: int) -> int:
     folder = Path(final.splitlines()[1].removeprefix("full logs: "))
     lost = 0
     for rank, section in enumerate(final.split("── rank ")[1:]):
-        logged = sum(1 for _ in open(folder / f"rank{rank}.log"))
+        with open(folder / f"rank{rank}.log") as log:
+            logged = sum(1 for _ in log)
         shown = sum(1 for line in section.splitlines() if line.startswith(f"r{rank} line "))
         dropped = re.search(r"… ([\d,]+) earlier lines", section)
         lost += (lines - logged) + (lines - shown - (int(dropped.group(1).replace(",", "")) if dropped else 0))

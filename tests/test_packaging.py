@@ -21,7 +21,7 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 BUILT = ROOT / "nbaccel" / "labextension"
 sys.path.insert(0, str(ROOT / "scripts"))
-import check_dist
+import check_dist  # noqa: E402 - scripts/ is no package: importable only once on sys.path
 
 
 def _require_built() -> None:

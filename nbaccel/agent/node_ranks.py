@@ -219,9 +219,10 @@ class NodeRanks:
     def command(self, rank: int, kind: int, payload: bytes) -> None:
         """Write one frame into ``rank``'s command pipe (a persistent worker's task or stop)."""
         local = rank - self.first_rank
-        if 0 <= local < self.nproc and local not in self.exited and self.pipes[local].commands is not None:
+        commands = self.pipes[local].commands if 0 <= local < self.nproc and local not in self.exited else None
+        if commands is not None:
             try:
-                events.send_bytes(self.pipes[local].commands, events.decode_kind(kind), payload, defer_sigint=False)
+                events.send_bytes(commands, events.decode_kind(kind), payload, defer_sigint=False)
             except OSError:  # it died: its exit is reported on its own
                 pass
 

@@ -100,7 +100,7 @@ class LocalRankGroup:
         self._loop = loop
         if self.rendezvous.listen_fd is not None and not self.rendezvous.store_started:
             loop.add_reader(self.rendezvous.listen_fd, self._start_store, _STORE_ORDER)
-        for proc, pipes in zip(self.processes, self.pipes):
+        for proc, pipes in zip(self.processes, self.pipes, strict=True):
             if proc.returncode is not None:
                 continue
             sources = ((pipes.channel, self._on_events), (pipes.stdout, self._on_stdout), (pipes.stderr, self._on_stderr), (proc.pidfd, self._on_pidfd))

@@ -32,6 +32,6 @@ def import_noted() -> None:
     for name in sorted(_noted - present()):
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001, S110 - warming is an optimisation: never fail a launch for it
+        except Exception:  # noqa: BLE001 - warming is an optimisation: never fail a launch for it
             pass
     _noted.clear()

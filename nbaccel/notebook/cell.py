@@ -218,7 +218,7 @@ class PoolCell:
         self.source, self.header, self.filename, self.flags = source, header, filename, flags
 
     def __call__(self, namespace: dict[str, Any]) -> Any:
-        exec(self._body, namespace)  # noqa: S102 - the user's own cell, in the user's own worker
+        exec(self._body, namespace)  # the user's own cell, in the user's own worker
         return None if self._last is None else eval(self._last, namespace)
 
     def __repr__(self) -> str:
@@ -324,7 +324,7 @@ def _reject_yield(body: list[ast.stmt], filename: str, text: str) -> None:
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
             lines = text.splitlines()
             line = lines[node.lineno - 1] if node.lineno <= len(lines) else None
-            raise SyntaxError(  # noqa: TRY004 - Python's own error for a top-level yield
+            raise SyntaxError(  # Python's own error for a top-level yield
                 "'yield' outside function (a %%distributed cell runs as a function body, "
                 "but not as a generator)",
                 (filename, node.lineno, node.col_offset + 1, line),

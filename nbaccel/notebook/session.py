@@ -192,7 +192,8 @@ def status_table(statuses: Iterable[WorkerStatus]) -> str:
         memory = f"{s.memory_mb:.0f} MiB" + (f" (+{s.device_memory_mb:.0f} MiB GPU)" if s.device_memory_mb is not None else "")
         rows.append((str(s.rank), str(s.pid), s.device, s.state, memory, s.last_cell or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows)
+    # the last column is not padded: zip stops at the widths
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows)
 
 
 def _names(names: list[str]) -> str:

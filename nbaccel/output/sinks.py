@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbaccel.launch.outcome import RankOutcome
-from nbaccel.launch.seam import Sink as Sink  # noqa: PLC0414 - an explicit re-export (mypy strict); the protocol the engine calls; every class here implements it
+from nbaccel.launch.seam import Sink as Sink  # an explicit re-export (mypy strict); the protocol the engine calls; every class here implements it
 
 
 class TextSink:

@@ -61,7 +61,7 @@ class RichTextSink(TextSink):
             self._bars[key] = (now, milestone)
             return leave  # a bar that will vanish (an inner loop's) prints only if it lasts
         printed_at, last_milestone = seen
-        if fraction is None or not leave:
+        if fraction is None or not leave:  # noqa: SIM108 - two rules, each read on its own line
             due = now - printed_at >= self.quiet_interval
         else:
             due = milestone > last_milestone and now - printed_at >= self.min_interval

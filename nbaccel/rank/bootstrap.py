@@ -77,7 +77,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:
             traceback.print_exc()
-        except BaseException:  # noqa: BLE001, S110 - stderr itself may be gone: the exit code still tells
+        except BaseException:  # noqa: BLE001 - stderr itself may be gone: the exit code still tells
             pass
     finally:
         flush_all()
@@ -117,7 +117,7 @@ def _forget_kernel_state() -> None:
         try:
             acc_state.AcceleratorState._reset_state(True)
             acc_state.GradientState._reset_state()
-        except Exception:  # noqa: BLE001, S110 - best effort: only older/newer Accelerate lacks these
+        except Exception:  # noqa: BLE001 - best effort: only older/newer Accelerate lacks these
             pass
     torch_cuda = sys.modules.get("torch.cuda")
     if torch_cuda is not None and hasattr(torch_cuda, "_cached_device_count"):

@@ -58,7 +58,7 @@ def prepare() -> None:
     """
     try:
         rank_progress.prepare()
-    except Exception:  # noqa: BLE001, S110 - a fork must never fail for this; the rank builds them itself
+    except Exception:  # noqa: BLE001 - a fork must never fail for this; the rank builds them itself
         pass
 
 

@@ -93,7 +93,7 @@ def _patched_methods(cls: Any) -> tuple[Any, Any, Any]:
     # cls.__init__ gives a new function each time.
     originals = tuple(vars(cls).get(name) for name in _PATCHED)
     made = _made.get("methods")
-    if made is None or any(a is not b for a, b in zip(made[0], originals)):
+    if made is None or any(a is not b for a, b in zip(made[0], originals, strict=True)):
         made = _made["methods"] = (originals, _make_methods(cls.__init__, cls.display, cls.close))
     return made[1]
 

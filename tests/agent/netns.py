@@ -57,7 +57,7 @@ def two_namespaces() -> Iterator[Namespaces]:
         for name in net.names:
             _check(_ip("netns", "add", name))
         _check(_ip("link", "add", net.veths[0], "netns", net.names[0], "type", "veth", "peer", "name", net.veths[1], "netns", net.names[1]))
-        for name, veth, address in zip(net.names, net.veths, net.addresses):
+        for name, veth, address in zip(net.names, net.veths, net.addresses, strict=True):
             _check(_ip("-n", name, "addr", "add", f"{address}/24", "dev", veth))
             _check(_ip("-n", name, "link", "set", veth, "up"))
             _check(_ip("-n", name, "link", "set", "lo", "up"))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -33,7 +34,7 @@ def test_cluster_listens_on_its_address_only_and_says_how_to_join() -> None:
         assert stat.S_IMODE(os.stat(cluster.token_file).st_mode) == 0o600
         command = cluster.agent_command(nproc_per_node=4)
         assert command == f"nbaccel-agent {cluster.address} --token-file {cluster.token_file} --nproc-per-node 4"
-        secret_hex = open(cluster.token_file).read().strip()
+        secret_hex = Path(cluster.token_file).read_text().strip()
         assert secret_hex not in command and secret_hex not in repr(cluster) and secret_hex not in cluster._repr_html_()
         assert cluster.agent_command() in repr(cluster) and "nbaccel-agent" in cluster._repr_html_()
         token_file, port = cluster.token_file, cluster.port

@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from nbaccel import notebook_launcher
+from nbaccel import PoolStoppedError, notebook_launcher, start_workers
 from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.remote import NodeRankFailedError
-from nbaccel import PoolStoppedError, start_workers
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, interrupt_main_thread, wait_until
 

@@ -37,7 +37,7 @@ def test_unsigned_and_mis_signed_bytes_sent_to_the_cluster_never_run(two_nodes: 
     for data in attempts:
         with socket.create_connection(("127.0.0.1", two_nodes.port), timeout=5) as sock:
             sock.sendall(data)
-            assert wait_until(lambda: len(two_nodes.refused) > refused, 3.0)
+            assert wait_until(lambda before=refused: len(two_nodes.refused) > before, 3.0)
             refused = len(two_nodes.refused)
     assert not target.exists()
     assert len(two_nodes.live_nodes) == 2

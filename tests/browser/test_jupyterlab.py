@@ -92,7 +92,7 @@ def _has_notebook7() -> bool:
         from importlib.metadata import version
 
         return int(version("notebook").split(".")[0]) >= 7
-    except Exception:  # noqa: BLE001 - not installed
+    except Exception:  # not installed
         return False
 
 
@@ -119,7 +119,7 @@ def test_rank_tabs_live_output_failure_marking_and_saved_static_view(lab: Lab, s
                 _check_live_view(page, shots / ui)
                 _check_end_view(page, shots / ui)
                 _check_saved_notebook(page, path)
-            except Exception:
+            except Exception:  # not installed
                 page.screenshot(path=str(shots / ui / "failure.png"), full_page=True)  # what a person would have seen
                 raise
         finally:

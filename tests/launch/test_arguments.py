@@ -7,7 +7,6 @@ import os
 import pytest
 
 import nbaccel
-import nbaccel.launcher as launcher_module
 import nbaccel.launch.plan as plan_module
 
 

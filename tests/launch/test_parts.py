@@ -8,14 +8,14 @@ import socket
 import psutil
 import pytest
 
-from nbaccel.wire import events
-from nbaccel.wire.rank_env import loopback_interface, rank_environment
-from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, root_cause
 from nbaccel.launch.lines import LineSplitter
-from nbaccel.output.choose import make_sink
-from nbaccel.output.sinks import CollectingSink, TextSink
+from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, root_cause
 from nbaccel.launch.preflight import fork_hazards
 from nbaccel.launch.rendezvous import LoopbackRendezvous, is_loopback
+from nbaccel.output.choose import make_sink
+from nbaccel.output.sinks import CollectingSink, TextSink
+from nbaccel.wire import events
+from nbaccel.wire.rank_env import loopback_interface, rank_environment
 
 
 def test_frames_survive_any_chunking() -> None:

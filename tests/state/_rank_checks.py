@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch._dynamo  # noqa: F401 - DDP imports it (800 modules, ~1-3 s) on first use; import once, before the fork
+import torch._dynamo  # DDP imports it (800 modules, ~1-3 s) on first use; import once, before the fork
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
@@ -146,7 +146,7 @@ def reference_decorators(state: PartialState) -> dict[str, str]:
         print(f"Printed on process {state.process_index}")
 
     names = ("on_last_process", "on_local_main_process", "on_local_process", "on_main_process", "on_process")
-    return {name: printed(f) for name, f in zip(names, (last, local_main, local_two, main, two))}
+    return {name: printed(f) for name, f in zip(names, (last, local_main, local_two, main, two), strict=True)}
 
 
 def decorator_values(state: PartialState) -> list[Any]:
@@ -261,7 +261,7 @@ def first_failures(state: PartialState) -> dict[str, Any]:
                 if leads:
                     raise ValueError("download failed")
                 outcome = "ran the block"
-        except Exception as exc:  # noqa: BLE001 - what each rank saw is the result
+        except Exception as exc:  # what each rank saw is the result
             outcome = f"{type(exc).__name__}: {exc}"
         seen[name] = {"outcome": outcome, "seconds": time.time() - started}
     state.wait_for_everyone()  # the group still works afterwards
@@ -398,6 +398,6 @@ def run_all() -> dict[str, Any]:
     for name, check in CHECKS.items():
         try:
             results[name] = check(state)
-        except Exception as exc:  # noqa: BLE001 - reported per check by the tests
+        except Exception as exc:  # reported per check by the tests
             results[name] = f"check raised {type(exc).__name__}: {exc}"
     return results

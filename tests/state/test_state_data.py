@@ -164,9 +164,8 @@ def test_accumulate_enters_no_sync_only_when_not_synchronising():
 
 
 def test_accumulate_refuses_what_is_not_a_model():
-    with pytest.raises(TypeError, match=r"accumulate takes the model\(s\).*got 'model'"):
-        with accumulate("model"):
-            pass
+    with pytest.raises(TypeError, match=r"accumulate takes the model\(s\).*got 'model'"), accumulate("model"):
+        pass
 
 
 def test_prepared_loader_is_a_dataloader_shard():

@@ -220,7 +220,7 @@ def test_prepared_loader_shards_the_main_processs_order(world):
     assert all(r["all_batches"] == everyone for r in results)
     assert [r["batches"] for r in results] == everyone
     steps = len(everyone[0])
-    assert all(len(batches) == steps == r["len"] for batches, r in zip(everyone, results))
+    assert all(len(batches) == steps == r["len"] for batches, r in zip(everyone, results, strict=True))
     flat = [x for step in range(steps) for rank in range(n) for x in everyone[rank][step]]
     extra = padding_added(11, 2, False, n)
     assert sorted(flat[:11]) == list(range(11)), "every sample once, in one order shared by all ranks"
@@ -382,7 +382,7 @@ def two_machines() -> dict:
             if state.process_index == 2:  # the second machine's leader fails
                 raise OSError("disk full")
             seen["failure"] = "ran the block"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         seen["failure"] = type(exc).__name__
     return seen
 

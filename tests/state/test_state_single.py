@@ -228,9 +228,8 @@ def test_wait_for_everyone_and_first_blocks_need_no_process_group():
 
 def test_an_exception_in_a_first_block_propagates_unchanged():
     state = PartialState()
-    with pytest.raises(KeyError, match="boom"):
-        with state.main_process_first():
-            raise KeyError("boom")
+    with pytest.raises(KeyError, match="boom"), state.main_process_first():
+        raise KeyError("boom")
 
 
 def test_print_prints_on_the_local_main_process():

@@ -69,7 +69,7 @@ def test_pieces_concatenate_to_the_input_in_order(length, n):
 def test_padding_makes_every_piece_as_long_as_the_longest(length, n):
     data = list(range(length))
     plain, padded = pieces(data, n), pieces(data, n, pad=True)
-    for short, long in zip(plain, padded):
+    for short, long in zip(plain, padded, strict=True):
         assert len(long) == padded_length(length, n)
         assert long[: len(short)] == short
         assert all(extra == data[-1] for extra in long[len(short) :])
