@@ -102,7 +102,7 @@ export function tabLabel(entry: IRankEntry): string {
 /** A chip's words: symbol, rank, the long status, the node and time when known. */
 export function chipLabel(entry: IRankEntry): string {
   const symbol = SYMBOL[entry.status.kind] ?? '';
-  const extra = [entry.node, entry.elapsed != null ? elapsedWords(entry.elapsed) : null].filter(Boolean);
+  const extra = [entry.node, typeof entry.elapsed === 'number' ? elapsedWords(entry.elapsed) : null].filter(Boolean);
   const tail = extra.length ? ` (${extra.join(', ')})` : '';
   return `${symbol} rank ${entry.rank} · ${entry.status.long}${tail}`.trim();
 }
