@@ -125,7 +125,7 @@ def _main_thread(dump: str) -> str:
 
 def _thread_blocks(dump: str) -> list[str]:
     starts = [m.start() for m in _THREAD_HEADER.finditer(dump)]
-    return [dump[a:b] for a, b in zip(starts, [*starts[1:], len(dump)], strict=True)]
+    return [dump[a:b] for a, b in zip(starts, [*starts[1:], len(dump)], strict=False)]  # no header: no block (the end has no start)
 
 
 class StackFiles:
