@@ -24,7 +24,14 @@ function entry(rank: number, extra: Partial<IRankEntry> = {}): IRankEntry {
 }
 
 function bundle(ranks: IRankEntry[], summary = 'done in 1.5 s'): IRanksBundle {
-  return { version: 1, title: `${ranks.length} ranks`, summary, num_processes: ranks.length, log_dir: '/tmp/logs/launch-1', ranks };
+  return {
+    version: 1,
+    title: `${ranks.length} ranks`,
+    summary,
+    num_processes: ranks.length,
+    log_dir: '/tmp/logs/launch-1',
+    ranks
+  };
 }
 
 function registry(): RenderMimeRegistry {
@@ -80,10 +87,16 @@ describe('the rank tabs renderer', () => {
         output_type: 'error',
         ename: 'ValueError',
         evalue: 'boom',
-        traceback: ['rank 1 failed: ValueError: boom', 'Traceback (most recent call last):', '\u001b[31mValueError\u001b[0m: boom']
+        traceback: [
+          'rank 1 failed: ValueError: boom',
+          'Traceback (most recent call last):',
+          '\u001b[31mValueError\u001b[0m: boom'
+        ]
       }
     });
-    const stopped = entry(0, { status: { kind: 'stopped', short: 'stopped', long: 'stopped by nbaccel after another rank failed' } });
+    const stopped = entry(0, {
+      status: { kind: 'stopped', short: 'stopped', long: 'stopped by nbaccel after another rank failed' }
+    });
     const view = await render(bundle([stopped, failed], 'failed after 2.0 s'));
     expect(tabs(view).map(t => t.textContent)).toEqual(['rank 0 · stopped', '✗ rank 1 · failed (ValueError)']);
     expect(tabs(view)[1].classList.contains('nbaccel-failed')).toBe(true);
@@ -92,14 +105,20 @@ describe('the rank tabs renderer', () => {
     expect(first.textContent).toContain('Traceback (most recent call last):');
     expect(first.textContent).toContain('ValueError: boom');
     expect(first.textContent).not.toContain('\u001b'); // ANSI colours became spans
-    expect(view.node.querySelector('.nbaccel-chip[data-kind="failed"]')?.textContent).toBe('✗ rank 1 · failed: ValueError (1.5 s)');
+    expect(view.node.querySelector('.nbaccel-chip[data-kind="failed"]')?.textContent).toBe(
+      '✗ rank 1 · failed: ValueError (1.5 s)'
+    );
   });
 
   it("renders rank 1's display(HTML) and image in rank 1's panel only", async () => {
     const png = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==';
     const rich = entry(1, {
       outputs: [
-        { output_type: 'display_data', data: { 'text/html': ['<b class="from-rank">from ', 'rank 1</b>'], 'text/plain': 'x' }, metadata: {} },
+        {
+          output_type: 'display_data',
+          data: { 'text/html': ['<b class="from-rank">from ', 'rank 1</b>'], 'text/plain': 'x' },
+          metadata: {}
+        },
         { output_type: 'display_data', data: { 'image/png': png, 'text/plain': '<Figure>' }, metadata: {} }
       ]
     });
@@ -113,7 +132,10 @@ describe('the rank tabs renderer', () => {
   it('renders an untrusted notebook safely: sanitized html, no script, javascript not run', async () => {
     const risky = entry(1, {
       outputs: [
-        { output_type: 'display_data', data: { 'text/html': '<b>ok</b><img src=x onerror="window.pwned=1"><script>window.pwned=1</script>' } },
+        {
+          output_type: 'display_data',
+          data: { 'text/html': '<b>ok</b><img src=x onerror="window.pwned=1"><script>window.pwned=1</script>' }
+        },
         { output_type: 'display_data', data: { 'application/javascript': 'window.pwned = 1' } }
       ]
     });

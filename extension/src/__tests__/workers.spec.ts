@@ -13,7 +13,10 @@ import { IWorkersStatus, statusWords } from '../workers/protocol';
 import { WorkersStatusItem } from '../workers/statusItem';
 
 class FakeComm {
-  constructor(readonly target: string, readonly commId: string) {}
+  constructor(
+    readonly target: string,
+    readonly commId: string
+  ) {}
   opened: unknown[] = [];
   sent: unknown[] = [];
   onMsg: (msg: any) => void = () => undefined;
@@ -125,8 +128,14 @@ describe('the workers status item', () => {
   it('tries again after a cell that loads nbaccel, when the first attempt was refused', async () => {
     const { kernel, comm } = await connected();
     comm.onClose({}); // "No such comm target registered": nbaccel not loaded yet
-    kernel.anyMessage.emit({ direction: 'send', msg: { header: { msg_type: 'execute_request', msg_id: 'm1' }, content: { code: '%load_ext nbaccel' } } });
-    kernel.anyMessage.emit({ direction: 'recv', msg: { header: { msg_type: 'execute_reply', msg_id: 'r1' }, parent_header: { msg_id: 'm1' }, content: {} } });
+    kernel.anyMessage.emit({
+      direction: 'send',
+      msg: { header: { msg_type: 'execute_request', msg_id: 'm1' }, content: { code: '%load_ext nbaccel' } }
+    });
+    kernel.anyMessage.emit({
+      direction: 'recv',
+      msg: { header: { msg_type: 'execute_reply', msg_id: 'r1' }, parent_header: { msg_id: 'm1' }, content: {} }
+    });
     await settle();
     expect(kernel.comms.length).toBe(2);
     expect(kernel.comms[1].opened).toEqual([{ request: 'status' }]);
@@ -135,8 +144,14 @@ describe('the workers status item', () => {
   it('ignores cells that do not mention nbaccel', async () => {
     const { kernel, comm } = await connected();
     comm.onClose({});
-    kernel.anyMessage.emit({ direction: 'send', msg: { header: { msg_type: 'execute_request', msg_id: 'm1' }, content: { code: 'print(1)' } } });
-    kernel.anyMessage.emit({ direction: 'recv', msg: { header: { msg_type: 'execute_reply', msg_id: 'r1' }, parent_header: { msg_id: 'm1' }, content: {} } });
+    kernel.anyMessage.emit({
+      direction: 'send',
+      msg: { header: { msg_type: 'execute_request', msg_id: 'm1' }, content: { code: 'print(1)' } }
+    });
+    kernel.anyMessage.emit({
+      direction: 'recv',
+      msg: { header: { msg_type: 'execute_reply', msg_id: 'r1' }, parent_header: { msg_id: 'm1' }, content: {} }
+    });
     await settle();
     expect(kernel.comms.length).toBe(1);
   });
@@ -152,7 +167,9 @@ describe('the workers panel', () => {
       return answers.shift() ?? false;
     });
     comm.deliver(status({ ...idle, state: 'busy', cell: 3, busy_seconds: 1 }));
-    const rows = Array.from(panel.node.querySelectorAll('tbody tr')).map(r => Array.from(r.children).map(c => c.textContent));
+    const rows = Array.from(panel.node.querySelectorAll('tbody tr')).map(r =>
+      Array.from(r.children).map(c => c.textContent)
+    );
     expect(rows[1]).toEqual(['1', '1001', 'cpu', 'idle', '300 MiB', '—', '[7]']);
     const button = (action: string) => panel.node.querySelector<HTMLButtonElement>(`[data-action="${action}"]`)!;
     await panel.ask('stop');
@@ -167,7 +184,9 @@ describe('the workers panel', () => {
     comm.deliver({ type: 'error', request: 'restart', message: 'a cell is running on the workers' });
     expect(panel.node.querySelector('.nbaccel-workers-error')?.textContent).toBe('a cell is running on the workers');
     comm.deliver({ ...status(null), message: 'the workers were stopped after a failure' });
-    expect(panel.node.querySelector('.nbaccel-workers-error')?.textContent).toBe('the workers were stopped after a failure');
+    expect(panel.node.querySelector('.nbaccel-workers-error')?.textContent).toBe(
+      'the workers were stopped after a failure'
+    );
     expect(button('stop').disabled).toBe(true);
   });
 

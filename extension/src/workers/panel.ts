@@ -89,7 +89,9 @@ export class WorkersPanel extends Widget {
     if (!workers?.ranks.length) {
       return;
     }
-    const columns = workers.ranks.some(r => r.node) ? [...COLUMNS, ['node', (r: IRankInfo) => r.node ?? '—'] as const] : COLUMNS;
+    const columns = workers.ranks.some(r => r.node)
+      ? [...COLUMNS, ['node', (r: IRankInfo) => r.node ?? '—'] as const]
+      : COLUMNS;
     const head = append(append(this._table, 'thead', ''), 'tr', '');
     columns.forEach(([name]) => append(head, 'th', '', name));
     const body = append(this._table, 'tbody', '');
