@@ -4,7 +4,8 @@
 #   scripts/build-extension.sh [--venv VENV] [--test] [--link] [--dist DIR]
 #
 #   --venv VENV   take jlpm and python from VENV (default: PATH)
-#   --test        also run its jest tests (jlpm test)
+#   --test        also lint it (jlpm lint:check: Prettier and ESLint) and run its jest tests
+#                 with coverage (jlpm test; the report is printed, lcov in extension/coverage/)
 #   --link        make VENV's JupyterLab and Notebook 7 load this build: link it where the
 #                 wheel's shared-data puts it (VENV/share/jupyter/labextensions/nbaccel), as
 #                 `jupyter labextension develop` would; an editable nbaccel stays editable
@@ -46,6 +47,7 @@ cd extension
 "$jlpm" install --immutable
 "$jlpm" build:prod
 if [[ $run_tests == 1 ]]; then
+    "$jlpm" lint:check
     "$jlpm" test --silent
 fi
 cd "$root"

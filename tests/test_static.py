@@ -23,7 +23,7 @@ def test_mypy_finds_no_type_errors() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-LINTED = ("nbaccel", "tests", "benchmarks", "examples", "scripts")
+LINTED = ("nbaccel", "tests", "benchmarks", "examples", "scripts", "docs")
 
 
 def test_ruff_check_is_clean() -> None:

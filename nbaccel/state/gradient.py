@@ -41,7 +41,9 @@ class GradientState:
             ``sync_with_dataloader``. Passing one to a later ``GradientState(...)`` updates the
             shared state.
 
-    Attributes (all read-only except ``is_xla_gradients_synced``):
+    Every attribute is read-only except ``is_xla_gradients_synced``.
+
+    Attributes:
         sync_gradients: whether this micro-batch all-reduces gradients (set by ``accumulate``).
         end_of_dataloader: whether the active prepared DataLoader is yielding its last batch.
         remainder: how many samples padding added to the active DataLoader's last batch
