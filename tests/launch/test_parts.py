@@ -8,6 +8,7 @@ import socket
 import psutil
 import pytest
 
+from nbaccel.errors import FrameError
 from nbaccel.launch.lines import LineSplitter
 from nbaccel.launch.outcome import RankOutcome, RemoteError, Status, root_cause
 from nbaccel.launch.preflight import fork_hazards
@@ -33,6 +34,34 @@ def test_frames_survive_any_chunking() -> None:
 def test_lambdas_fall_back_to_cloudpickle() -> None:
     payload = events.dumps(lambda x: x + 1)
     assert events.loads(payload)(1) == 2
+
+
+def test_the_stream_has_only_the_kinds_it_sends_and_an_unknown_kind_is_a_frame_error() -> None:
+    assert [kind.name for kind in events.Kind] == ["RESULT", "ERROR", "RICH", "READY", "TASK", "STOP", "IMPORTED"]
+    header = bytes([events.VERSION, 8]) + (0).to_bytes(8, "big")  # the old LINES kind
+    with pytest.raises(FrameError, match="unknown event kind 8"):
+        events.FrameDecoder().feed(header)
+    with pytest.raises(FrameError, match="unknown event kind 9"):
+        events.decode_kind(9)
+
+
+def test_a_frame_forwarded_by_a_node_agent_is_decoded_by_the_same_kind_decoder() -> None:
+    """A node of another version sending an unknown kind gets FrameError, not a bare ValueError."""
+    from types import SimpleNamespace
+
+    from nbaccel.agent import protocol
+    from nbaccel.agent.cluster_group import ClusterRankGroup, NodeSlot
+
+    node = SimpleNamespace(host="h", address="10.0.0.2")
+    group = ClusterRankGroup.__new__(ClusterRankGroup)
+    group.slots = [NodeSlot(node=node, node_rank=1, ranks=[2, 3])]
+    received: list[tuple[int, events.Event]] = []
+    group._loop = SimpleNamespace(event=lambda rank, event: received.append((rank, event)))
+    frame = SimpleNamespace(kind=protocol.FRAME, payload=protocol.pack_frame(2, int(events.Kind.RICH), events.dumps({"type": "x"})))
+    group._handle("message", node, frame)
+    assert [(rank, event.kind) for rank, event in received] == [(2, events.Kind.RICH)]
+    with pytest.raises(FrameError, match="unknown event kind 42"):
+        group._handle("message", node, SimpleNamespace(kind=protocol.FRAME, payload=protocol.pack_frame(3, 42, b"")))
 
 
 def test_line_splitter_keeps_partial_lines_and_resolves_carriage_returns() -> None:
@@ -106,7 +135,7 @@ def test_sink_selection() -> None:
     sink = CollectingSink()
     assert make_sink(sink) is sink
     with pytest.raises(TypeError):
-        make_sink(3)  # type: ignore[arg-type]
+        make_sink(3)
 
 
 def test_text_sink_labels_lines(capsys: pytest.CaptureFixture[str]) -> None:
