@@ -60,11 +60,29 @@ def visible_gpus() -> int:
         return 0
 
 
+def launcher_facts(started_by: str, order: int | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the join says about how this agent was started, and its place in the node ranks
+    (``order``: the host's place in start_agents' list; Slurm's node order when under srun).
+
+    Example:
+        >>> launcher_facts("slurm job 7", None, {"SLURM_NODEID": "1", "SLURM_JOB_ID": "7"})
+        {'started_by': 'slurm job 7', 'order': 1, 'slurm_job': '7'}
+    """
+    environ = dict(os.environ) if environ is None else environ
+    facts: dict[str, Any] = {"started_by": started_by, **({} if order is None else {"order": order})}
+    if environ.get("SLURM_NODEID", "").isdigit():  # an srun step: node ranks follow Slurm's node order
+        facts["order"] = int(environ["SLURM_NODEID"])
+        facts["slurm_job"] = environ.get("SLURM_JOB_ID", "")
+        facts["started_by"] = started_by or f"slurm job {facts['slurm_job']}"
+    return facts
+
+
 class NodeAgent:
     """One node's agent; ``run()`` returns the process's exit code."""
 
-    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None) -> None:
+    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None, started_by: str = "", order: int | None = None) -> None:
         self.address = address
+        self.started_by, self.order = started_by, order
         self.host, self.port = split_address(address)
         self._secret = secret
         self.gpus = visible_gpus()
@@ -91,7 +109,7 @@ class NodeAgent:
         local_address = sock.getsockname()[0]
         self.interface = interface_of(local_address)
         join = {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid(), "version": _version.__version__}
-        link.send(protocol.JOIN, join)
+        link.send(protocol.JOIN, {**join, **launcher_facts(self.started_by, self.order)})
         welcome = self._first_message(link)
         if welcome.kind == protocol.REFUSED:
             raise AgentError(f"the cluster at {self.address} refused this node: {welcome.json().get('reason', '?')}", EXIT_REFUSED)

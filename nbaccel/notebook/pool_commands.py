@@ -19,7 +19,7 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, unsplittable, variable_name
+from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
 COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull")
 
@@ -61,7 +61,8 @@ def parser() -> MagicArgumentParser:
     commands = main.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     _add_start(commands)
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
-    commands.add_parser("restart", help="fresh workers with empty namespaces and the same options")
+    restart = commands.add_parser("restart", help="fresh workers with empty namespaces and the same options (after a crash, or a lost node)")
+    restart.add_argument("--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start")
     commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     _add_transfers(commands)
