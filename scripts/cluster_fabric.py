@@ -93,7 +93,20 @@ class Fabric:
         binds = " && ".join(f"mount --bind {self.dir / name} /etc/{name}" for name in ("hosts", "nsswitch.conf", "resolv.conf"))
         name = f"hostname {hostname} && " if hostname else ""
         uts = ["--uts"] if hostname else []
-        return ["nsenter", f"--net=/run/netns/{netns}", "unshare", *uts, "--mount", "--propagation", "private", "sh", "-c", f'{name}{binds} && exec "$@"', "fabric", *argv]
+        return [
+            "nsenter",
+            f"--net=/run/netns/{netns}",
+            "unshare",
+            *uts,
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'{name}{binds} && exec "$@"',
+            "fabric",
+            *argv,
+        ]
 
     def in_ctl(self, argv: list[str]) -> list[str]:
         """``argv`` on the login / notebook side (10.232.0.1)."""
@@ -208,7 +221,17 @@ class Fabric:
             shutil.chown(munge / name, "munge", "munge")
         self.munge_socket = munge / "munge.socket"
         munge.chmod(0o755)  # 0700 gives clients "Socket is inaccessible"
-        argv = ["setpriv", "--reuid=munge", "--regid=munge", "--clear-groups", _which("munged") or "munged", "-F", "--force", f"--socket={self.munge_socket}", f"--key-file={key}"]
+        argv = [
+            "setpriv",
+            "--reuid=munge",
+            "--regid=munge",
+            "--clear-groups",
+            _which("munged") or "munged",
+            "-F",
+            "--force",
+            f"--socket={self.munge_socket}",
+            f"--key-file={key}",
+        ]
         argv += [f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}", f"--pid-file={munge / 'munged.pid'}"]
         self._daemon(self.in_ctl(argv), "munged.out")
         self._until(self.munge_socket.exists, "munged's socket")
@@ -235,7 +258,9 @@ class Fabric:
         self._munge()
         self._slurm_conf()
         self._daemon(self._isolated(self.ctl, "nbctl", [_which("slurmctld") or "slurmctld", "-D", "-f", str(self.dir / "slurm.conf")]), "slurmctld.out")
-        self._until(lambda: subprocess.run(self.in_ctl(["scontrol", "ping"]), capture_output=True, env=self.env(), timeout=30).stdout.count(b"UP") > 0, "slurmctld")
+        self._until(
+            lambda: subprocess.run(self.in_ctl(["scontrol", "ping"]), capture_output=True, env=self.env(), timeout=30).stdout.count(b"UP") > 0, "slurmctld"
+        )
         for index, name in enumerate(self.node_names):
             self._daemon(self.on_node(index, [_which("slurmd") or "slurmd", "-D", "-N", name, "-f", str(self.dir / "slurm.conf")]), f"slurmd_{name}.out")
         self._until(self._nodes_idle, "every slurmd idle")
@@ -250,7 +275,9 @@ class Fabric:
         while not ready():  # type: ignore[operator]
             ended = [p for p in self.daemons if p.poll() is not None]
             if ended or time.monotonic() > deadline:
-                logs = {p.name: p.read_text()[-600:] for p in self.dir.glob("*.out") if p.stat().st_size} | {p.name: p.read_text()[-600:] for p in self.dir.glob("*.log")}
+                logs = {p.name: p.read_text()[-600:] for p in self.dir.glob("*.out") if p.stat().st_size} | {
+                    p.name: p.read_text()[-600:] for p in self.dir.glob("*.log")
+                }
                 raise RuntimeError(f"the fabric's {what} did not come up ({len(ended)} daemon(s) ended): {logs}")
             time.sleep(0.05)
 
@@ -310,4 +337,6 @@ if __name__ == "__main__":
     with Fabric() as fabric:
         print(f"up in {time.monotonic() - started:.2f} s: {fabric.timings}")
         print(subprocess.run(fabric.in_ctl(["srun", "-N2", "hostname"]), capture_output=True, text=True, env=fabric.env(), timeout=60))
-        print(subprocess.run(fabric.in_ctl(["ssh", "-F", fabric.ssh_config, "node2", "hostname; echo $PYTHONPATH"]), capture_output=True, text=True, timeout=60))
+        print(
+            subprocess.run(fabric.in_ctl(["ssh", "-F", fabric.ssh_config, "node2", "hostname; echo $PYTHONPATH"]), capture_output=True, text=True, timeout=60)
+        )

@@ -19,9 +19,10 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from nbaccel.notebook import cluster_command
 from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull")
+COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull", "cluster")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -37,6 +38,8 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed status
     %distributed stacks
     %distributed stop
+    %distributed restart --wait-for 2                 (a pool across nodes, after one was lost)
+    %distributed cluster 10.0.0.1 --via ssh --hosts node1 node2   (agents on several machines)
 """
 
 
@@ -66,6 +69,7 @@ def parser() -> MagicArgumentParser:
     commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     _add_transfers(commands)
+    cluster_command.add_parser(commands)
     return main
 
 

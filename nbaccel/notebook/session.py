@@ -110,6 +110,11 @@ class NotebookWorkers:
             raise UsageError(f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster).")
         self._say_ready(time.monotonic() - started, fresh=True)
 
+    def cluster(self, args: argparse.Namespace) -> None:
+        from nbaccel.notebook.cluster_command import start_cluster
+
+        start_cluster(args, self.user_ns)
+
     def close(self) -> None:
         """Stop the workers quietly (the extension is unloaded)."""
         pool, self.pool = self.pool, None

@@ -34,7 +34,12 @@ def where() -> dict[str, Any]:
 
     with open("/proc/self/environ", "rb") as mine, open(f"/proc/{os.getppid()}/environ", "rb") as agents:
         seen = b"NBACCEL_TOKEN" in mine.read() + agents.read()
-    return {"rank": int(os.environ["RANK"]), "node_rank": int(os.environ["NODE_RANK"]), "host": socket.gethostname(), "token_env": seen or "NBACCEL_TOKEN" in os.environ}
+    return {
+        "rank": int(os.environ["RANK"]),
+        "node_rank": int(os.environ["NODE_RANK"]),
+        "host": socket.gethostname(),
+        "token_env": seen or "NBACCEL_TOKEN" in os.environ,
+    }
 
 
 def all_reduce() -> int:
@@ -164,6 +169,30 @@ def ssh_scenario(ssh_config: str, report: dict[str, Any]) -> None:
         ssh = [s.process for s in cluster.starts]  # type: ignore[attr-defined]
         timed(report, "close", cluster.close)
         report["ssh_left"] = [p.pid for p in ssh if p.poll() is None]
+    magic_scenario(ssh_config, report)
+
+
+def magic_scenario(ssh_config: str, report: dict[str, Any]) -> None:
+    """The same from cells: %distributed cluster, a pool on it, a pulled value, stop, close."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbaccel")
+    cells = [
+        f"%distributed cluster {HOST} --via ssh --hosts node1 node2 --ssh-config {ssh_config} --nproc-per-node 1 -o nodes",
+        "%distributed start --cluster nodes",
+        "%%distributed\nimport socket\nhost = socket.gethostname()",
+        "%distributed pull host --rank 1 -o second",
+        "%distributed stop",
+        "nodes.close()",
+    ]
+    for code in cells:
+        result = shell.run_cell(code)
+        if not result.success:
+            report["magic"] = f"{code!r} failed: {result.error_in_exec or result.error_before_exec!r}"
+            shell.user_ns["nodes"].close()
+            return
+    report["magic"] = [shell.user_ns["second"], [n.started_by for n in shell.user_ns["nodes"].nodes]]
 
 
 def slurm_scenario(submit: bool, report: dict[str, Any]) -> None:

@@ -50,7 +50,18 @@ def start_with(
     ``first_order``: how many agents the cluster started before; hosts' node ranks come after them.
     """
     if via == "ssh":
-        return list(start_by_ssh(_need_hosts("ssh", hosts), address, token_file, agent=agent, nproc_per_node=nproc_per_node, ssh_options=ssh_options, ssh_config=ssh_config, first_order=first_order))
+        return list(
+            start_by_ssh(
+                _need_hosts("ssh", hosts),
+                address,
+                token_file,
+                agent=agent,
+                nproc_per_node=nproc_per_node,
+                ssh_options=ssh_options,
+                ssh_config=ssh_config,
+                first_order=first_order,
+            )
+        )
     if via == "slurm":
         if hosts:
             raise ValueError("via='slurm' places agents on the job's nodes: give nodes=N, not hosts.")
@@ -61,6 +72,10 @@ def start_with(
     if slurm or ssh_options or ssh_config:
         raise TypeError(f"via={via!r}: ssh and Slurm options do not apply to a command template; put them in the template.")
     if isinstance(via, str) and AGENT_WORD not in via:
-        raise ValueError(f"via={via!r} is neither 'ssh', 'slurm' nor a command template with an {AGENT_WORD} word (e.g. 'kubectl exec -i {{host}} -- {{agent}}').")
+        raise ValueError(
+            f"via={via!r} is neither 'ssh', 'slurm' nor a command template with an {AGENT_WORD} word (e.g. 'kubectl exec -i {{host}} -- {{agent}}')."
+        )
     how = (via.split() if isinstance(via, str) else list(via))[0]
-    return list(start_by_template(via, _need_hosts(str(via), hosts), address, token_file, agent=agent, nproc_per_node=nproc_per_node, how=how, first_order=first_order))
+    return list(
+        start_by_template(via, _need_hosts(str(via), hosts), address, token_file, agent=agent, nproc_per_node=nproc_per_node, how=how, first_order=first_order)
+    )

@@ -44,7 +44,9 @@ def job_options(nodes: int, gpus_per_node: int | None, time_limit: str | None, p
     return [*options, *(shlex.split(extra) if isinstance(extra, str) else extra)]
 
 
-def start_in_allocation(nodes: int | None, address: str, token_file: str, *, agent: str | list[str] | None, nproc_per_node: int | None, extra: Sequence[str] | str = ()) -> ProcessStart:
+def start_in_allocation(
+    nodes: int | None, address: str, token_file: str, *, agent: str | list[str] | None, nproc_per_node: int | None, extra: Sequence[str] | str = ()
+) -> ProcessStart:
     """``srun`` one agent on each of ``nodes`` nodes of the current allocation (default: all of them)."""
     job = os.environ["SLURM_JOB_ID"]
     count = nodes if nodes is not None else int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
@@ -122,7 +124,9 @@ def _run(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        raise OSError(f"{argv[0]} is not on the kernel's PATH: run the notebook where Slurm's commands are (a login node), or start the agents another way.") from None
+        raise OSError(
+            f"{argv[0]} is not on the kernel's PATH: run the notebook where Slurm's commands are (a login node), or start the agents another way."
+        ) from None
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv[:1])} refused the job (exit code {done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
@@ -143,8 +147,12 @@ def start_by_slurm(
     """Inside an allocation: srun there; else submit a job of ``nodes`` nodes."""
     if os.environ.get("SLURM_JOB_ID"):
         if gpus_per_node is not None or time_limit is not None or partition is not None:
-            raise ValueError("gpus_per_node, time and partition are the allocation's already (SLURM_JOB_ID is set): leave them out, or start the notebook on a login node to submit a new job.")
+            raise ValueError(
+                "gpus_per_node, time and partition are the allocation's already (SLURM_JOB_ID is set): leave them out, or start the notebook on a login node to submit a new job."
+            )
         return start_in_allocation(nodes, address, token_file, agent=agent, nproc_per_node=nproc_per_node, extra=sbatch_options)
     if nodes is None:
         raise ValueError("via='slurm' outside an allocation submits a job: say how many nodes (nodes=2).")
-    return SubmittedJob(job_options(nodes, gpus_per_node, time_limit, partition, sbatch_options), nodes, address, token_file, agent=agent, nproc_per_node=nproc_per_node)
+    return SubmittedJob(
+        job_options(nodes, gpus_per_node, time_limit, partition, sbatch_options), nodes, address, token_file, agent=agent, nproc_per_node=nproc_per_node
+    )

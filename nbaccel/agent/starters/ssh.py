@@ -47,4 +47,14 @@ def start_by_ssh(
 ) -> list[ProcessStart]:
     """One ssh session per host (the remote shell gets the agent's command line, quoted once)."""
     options = shlex.split(ssh_options) if isinstance(ssh_options, str) else list(ssh_options)
-    return start_by_template(ssh_template(options, ssh_config), hosts, address, token_file, agent=agent, nproc_per_node=nproc_per_node, how="ssh", remote_shell=True, first_order=first_order)
+    return start_by_template(
+        ssh_template(options, ssh_config),
+        hosts,
+        address,
+        token_file,
+        agent=agent,
+        nproc_per_node=nproc_per_node,
+        how="ssh",
+        remote_shell=True,
+        first_order=first_order,
+    )

@@ -30,7 +30,9 @@ def command_for(template: str | Sequence[str], host: str, agent: list[str]) -> l
     """
     words = shlex.split(template) if isinstance(template, str) else list(template)
     if AGENT_WORD not in words:
-        raise ValueError(f"the command template {template!r} has no {AGENT_WORD} word: put it where the node's command goes, e.g. 'kubectl exec -i {{host}} -- {{agent}}'.")
+        raise ValueError(
+            f"the command template {template!r} has no {AGENT_WORD} word: put it where the node's command goes, e.g. 'kubectl exec -i {{host}} -- {{agent}}'."
+        )
     out: list[str] = []
     for word in words:
         out.extend(agent if word == AGENT_WORD else [word.replace(HOST_FIELD, host)])
