@@ -37,10 +37,12 @@ from nbaccel.agent.inbox import LaunchInbox
 from nbaccel.agent.link import Link, new_nonce
 from nbaccel.agent.node import split_address
 from nbaccel.agent.signing import Message, new_secret, private_token_dir, write_token_file
-from nbaccel.agent.starters import AgentStart, start_with
+from nbaccel.agent.starters import AgentStart, AgentStartError, check_starts, start_with
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
+
+__all__ = ["AgentStartError", "Cluster", "NodeInfo"]
 
 log = logging.getLogger("nbaccel.cluster")
 
@@ -82,10 +84,6 @@ class NodeInfo:
 
     def describe(self) -> str:
         return f"{self.name} ({self.host}, {self.address})"
-
-
-class AgentStartError(RuntimeError):
-    """A launcher (ssh, srun, a Slurm job) ended before its agents joined; says its exit code and output."""
 
 
 _OPEN_CLUSTERS: weakref.WeakSet[Cluster] = weakref.WeakSet()
@@ -208,22 +206,9 @@ class Cluster:
                     refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
                     waiting = "".join(f"; {p}" for p in said.values())
                     raise TimeoutError(f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node.")
-                self._check_starts(said)
+                check_starts(self.starts, [n.started_by for n in self.nodes], said)
                 self._changed.wait(min(left, 0.1 if self.starts else 0.5))
             return [n for n in self.nodes if n.alive]
-
-    def _check_starts(self, said: dict[int, str]) -> None:
-        """A launcher that ended before its agents joined fails the wait now; a queue state is said once."""
-        for start in self.starts:
-            if sum(1 for n in self.nodes if n.started_by == start.label) >= start.expected:
-                continue
-            failure = start.failure()
-            if failure is not None:
-                raise AgentStartError(failure)
-            progress = start.progress()
-            if progress is not None and said.get(id(start)) != progress:
-                said[id(start)] = progress
-                print(f"nbaccel: waiting for {progress}", flush=True)
 
     def close(self) -> None:
         """Tell every agent to stop its ranks and exit; release the port and the token file."""

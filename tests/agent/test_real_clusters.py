@@ -22,10 +22,13 @@ from typing import Any
 import pytest
 
 from nbaccel.testing import scaled
+from tests.leak_check import reap_zombie_children
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL = Path(__file__).with_name("real_cluster_kernel.py")
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(scaled(600))]
+# orphans: the agents an sshd session or slurmstepd started are reparented to this (subreaping)
+# test process when their session ends; they are reaped here, and every live one still counts.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.orphans, pytest.mark.timeout(scaled(600))]
 
 
 def _fabric_module() -> Any:
@@ -63,6 +66,7 @@ def report_of(fabric: Any, scenario: str) -> dict[str, Any]:
         lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
         assert done.returncode == 0 and lines, f"{scenario} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
         _reports[scenario] = json.loads(lines[-1].removeprefix("REPORT "))
+        reap_zombie_children()
     return _reports[scenario]
 
 

@@ -20,8 +20,30 @@ from nbaccel.agent.starters.base import AgentStart
 from nbaccel.agent.starters.slurm import start_by_slurm
 from nbaccel.agent.starters.ssh import start_by_ssh
 from nbaccel.agent.starters.template import AGENT_WORD, start_by_template
+from nbaccel.launch.notices import say
 
-__all__ = ["AgentStart", "start_with"]
+__all__ = ["AgentStart", "AgentStartError", "check_starts", "start_with"]
+
+
+class AgentStartError(RuntimeError):
+    """A launcher (ssh, srun, a Slurm job) ended before its agents joined; says its exit code and output."""
+
+
+def check_starts(starts: Sequence[AgentStart], joined_by: Sequence[str], said: dict[int, str]) -> None:
+    """While a cluster waits: a start that ended before its agents joined raises; a new queue state is said once.
+
+    ``joined_by``: the ``started_by`` of every node joined so far; ``said``: what was said per start.
+    """
+    for start in starts:
+        if joined_by.count(start.label) >= start.expected:
+            continue
+        failure = start.failure()
+        if failure is not None:
+            raise AgentStartError(failure)
+        progress = start.progress()
+        if progress is not None and said.get(id(start)) != progress:
+            said[id(start)] = progress
+            say(f"waiting for {progress}")
 
 
 def _need_hosts(via: str, hosts: Sequence[str] | None) -> list[str]:
