@@ -80,6 +80,7 @@ class NodeInfo:
     alive: bool = True
     lost_reason: str = ""
     last_seen: float = field(default_factory=time.monotonic)
+    joined_at: float = field(default_factory=time.monotonic)
     link: Link | None = field(default=None, repr=False)
 
     def describe(self) -> str:
@@ -206,7 +207,7 @@ class Cluster:
                     refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
                     waiting = "".join(f"; {p}" for p in said.values())
                     raise TimeoutError(f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node.")
-                check_starts(self.starts, [n.started_by for n in self.nodes], said)
+                check_starts(self.starts, [(n.started_by, n.joined_at) for n in self.nodes], said)
                 self._changed.wait(min(left, 0.1 if self.starts else 0.5))
             return [n for n in self.nodes if n.alive]
 

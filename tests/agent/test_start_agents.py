@@ -19,6 +19,7 @@ import pytest
 import nbaccel
 from nbaccel.agent.cluster import AgentStartError, Cluster
 from nbaccel.agent.cluster_group import layout
+from nbaccel.agent.starters import AgentStart, check_starts
 from nbaccel.testing import CollectingSink, scaled
 from tests.agent.harness import agent_argv, stop_agents
 
@@ -107,3 +108,23 @@ def test_slurm_from_a_login_node_needs_a_node_count(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with Cluster("127.0.0.1:0", token_dir=tempfile.gettempdir()) as cluster, pytest.raises(ValueError, match=r"submits a job: say how many nodes \(nodes=2\)"):
         cluster.start_agents(via="slurm")
+
+
+class _Ended(AgentStart):
+    """A start whose launcher ended (with the label of a node that joined, then was lost)."""
+
+    def __init__(self, label: str, started_at: float) -> None:
+        self.label, self.expected, self.started_at = label, 1, started_at
+
+    def failure(self) -> str | None:
+        return f"{self.label} ended"
+
+    def stop(self, grace: float) -> None:
+        pass
+
+
+def test_a_replacement_with_a_lost_nodes_label_is_still_watched() -> None:
+    first, replacement = _Ended("ssh node2", 1.0), _Ended("ssh node2", 5.0)
+    check_starts([first], [("ssh node2", 2.0)], {})  # its agent joined (then was lost): not a failure
+    with pytest.raises(AgentStartError, match="^ssh node2 ended$"):
+        check_starts([first, replacement], [("ssh node2", 2.0)], {})  # the old node does not count for the new start

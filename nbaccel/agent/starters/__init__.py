@@ -29,13 +29,15 @@ class AgentStartError(RuntimeError):
     """A launcher (ssh, srun, a Slurm job) ended before its agents joined; says its exit code and output."""
 
 
-def check_starts(starts: Sequence[AgentStart], joined_by: Sequence[str], said: dict[int, str]) -> None:
+def check_starts(starts: Sequence[AgentStart], joined: Sequence[tuple[str, float]], said: dict[int, str]) -> None:
     """While a cluster waits: a start that ended before its agents joined raises; a new queue state is said once.
 
-    ``joined_by``: the ``started_by`` of every node joined so far; ``said``: what was said per start.
+    ``joined``: ``(started_by, joined_at)`` of every node joined so far (a replacement for a lost
+    node has the same label: only nodes that joined after a start count for it); ``said``: what
+    was said per start.
     """
     for start in starts:
-        if joined_by.count(start.label) >= start.expected:
+        if sum(1 for label, at in joined if label == start.label and at >= start.started_at) >= start.expected:
             continue
         failure = start.failure()
         if failure is not None:

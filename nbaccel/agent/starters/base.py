@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class AgentStart(ABC):
 
     label: str
     expected: int
+    started_at: float = 0.0  # time.monotonic() when it began: only agents joined since count for it
 
     @abstractmethod
     def failure(self) -> str | None:
@@ -88,6 +90,7 @@ class ProcessStart(AgentStart):
 
     def __init__(self, label: str, argv: list[str], expected: int = 1, stdin_line: str | None = None, env: dict[str, str] | None = None) -> None:
         self.label, self.argv, self.expected = label, argv, expected
+        self.started_at = time.monotonic()
         self._output = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the process's life; closed by stop()
         try:
             self.process = subprocess.Popen(

@@ -61,7 +61,7 @@ class SubmittedJob(AgentStart):
 
     def __init__(self, options: list[str], nodes: int, address: str, token_file: str, *, agent: str | list[str] | None, nproc_per_node: int | None) -> None:
         folder = Path(token_file).parent  # private, and on the shared filesystem the nodes see
-        self.expected = nodes
+        self.expected, self.started_at = nodes, time.monotonic()
         self.script = folder / f"{Path(token_file).stem}.sbatch"
         self.log = folder / f"{Path(token_file).stem}.slurm.out"
         self._argv = agent_argv(agent, address, "slurm job $SLURM_JOB_ID", nproc_per_node, f"file:{token_file}")
