@@ -137,6 +137,9 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="real sshd and Slurm in network namespaces (root)")
     arguments = parser.parse_args()
     if arguments.real:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM still removes the fabric
         real_clusters(arguments.runs)
         return
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:

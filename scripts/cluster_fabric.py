@@ -63,6 +63,14 @@ def unavailable(slurm: bool = True, ssh: bool = True) -> str | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """In a daemon before exec (nsenter, unshare and sh exec in turn, keeping it): SIGKILL when the
+    fabric's process dies, so a killed test leaves no sshd or slurmd behind."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def _run(*argv: str) -> str:
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
@@ -173,7 +181,7 @@ class Fabric:
 
     def _daemon(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         with open(self.dir / log, "ab") as out:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, preexec_fn=_die_with_parent)
         self.daemons.append(process)
         return process
 
@@ -324,11 +332,15 @@ class Fabric:
                     pass
             time.sleep(0.05)
         for netns in [*self.namespaces, self.ctl]:
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+            for _ in range(20):  # busy while a process of a mount namespace holding its mount ends
+                if subprocess.run(["ip", "netns", "del", netns], capture_output=True).returncode == 0 or not os.path.exists(f"/run/netns/{netns}"):
+                    break
+                time.sleep(0.1)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM still removes the fabric
     if sys.argv[1:] == ["check"]:
         reason = unavailable()
         print(reason or "a fabric can be made here")

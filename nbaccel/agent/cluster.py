@@ -368,10 +368,11 @@ class Cluster:
                 order=int(info["order"]) if isinstance(info.get("order"), int) else None,
                 link=link,
             )
+            # Welcomed before anyone can see it: a launch sent right after wait() returns comes second.
+            self.send(node, protocol.WELCOME, {"node": node.name})
             self.nodes.append(node)
             self._changed.notify_all()
         self._selector.modify(fd, selectors.EVENT_READ, node)
-        self.send(node, protocol.WELCOME, {"node": node.name})
 
     def _on_node(self, node: NodeInfo) -> None:
         assert node.link is not None

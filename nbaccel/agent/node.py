@@ -93,6 +93,7 @@ class NodeAgent:
         self._last_heard = time.monotonic()
         self._next_heartbeat = 0.0
         self._closing = False
+        self._early: list[Message] = []
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -103,14 +104,14 @@ class NodeAgent:
         except OSError as exc:
             raise AgentError(f"cannot reach the cluster at {self.address} ({exc.strerror or exc}); is the notebook's Cluster running, and is that address reachable from this node?", EXIT_UNREACHABLE) from None
         link = Link(sock, self._secret, sender=f"node@{socket.gethostname()}:{os.getpid()}")
-        hello = self._first_message(link)
+        hello = self._first_messages(link)[0]  # the kernel sends nothing else before our join
         session = f"{hello.header['session']}.{new_nonce()}"
         link.start_session(session)
         local_address = sock.getsockname()[0]
         self.interface = interface_of(local_address)
         join = {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid(), "version": _version.__version__}
         link.send(protocol.JOIN, {**join, **launcher_facts(self.started_by, self.order)})
-        welcome = self._first_message(link)
+        welcome, *self._early = self._first_messages(link)  # a launch may come in the welcome's read
         if welcome.kind == protocol.REFUSED:
             raise AgentError(f"the cluster at {self.address} refused this node: {welcome.json().get('reason', '?')}", EXIT_REFUSED)
         if welcome.kind != protocol.WELCOME:
@@ -118,7 +119,7 @@ class NodeAgent:
         self.node = welcome.json()
         self.link = link
 
-    def _first_message(self, link: Link) -> Message:
+    def _first_messages(self, link: Link) -> list[Message]:
         deadline = time.monotonic() + _CONNECT_TIMEOUT
         while time.monotonic() < deadline:
             try:
@@ -127,7 +128,7 @@ class NodeAgent:
                 self._prove_token_anyway(link)
                 raise AgentError(f"the cluster at {self.address} refused this node: {exc}. Check that the token is this cluster's (cluster.token_file).", EXIT_REFUSED) from None
             if messages:
-                return messages[0]
+                return messages
         raise AgentError(f"the cluster at {self.address} sent nothing within {_CONNECT_TIMEOUT:.0f} s; is it an nbaccel Cluster?", EXIT_REFUSED)
 
     def _prove_token_anyway(self, link: Link) -> None:
@@ -148,6 +149,10 @@ class NodeAgent:
             assert self.link is not None
             self._selector.register(self.link.fileno(), selectors.EVENT_READ, self._on_kernel)
             self._last_heard = time.monotonic()
+            for message in self._early:  # what arrived with the welcome (a launch sent at once)
+                code = self._handle(message)
+                if code is not None:
+                    return code
             return self._loop()
         except AgentError as exc:
             print(f"nbaccel-agent: {exc}", file=sys.stderr, flush=True)
