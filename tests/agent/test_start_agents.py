@@ -128,3 +128,38 @@ def test_a_replacement_with_a_lost_nodes_label_is_still_watched() -> None:
     check_starts([first], [("ssh node2", 2.0)], {})  # its agent joined (then was lost): not a failure
     with pytest.raises(AgentStartError, match="^ssh node2 ended$"):
         check_starts([first, replacement], [("ssh node2", 2.0)], {})  # the old node does not count for the new start
+
+
+def test_a_message_that_arrives_with_the_welcome_is_not_lost() -> None:
+    """start_agents, wait() and a launch at once: the launch may reach the agent in the same read
+    as its welcome. Here a close comes in the welcome's very packet: the agent must act on it."""
+    import socket
+    import threading
+
+    from nbaccel.agent import protocol
+    from nbaccel.agent.link import Link, new_nonce
+    from nbaccel.agent.node import EXIT_OK, NodeAgent
+    from nbaccel.agent.signing import new_secret
+
+    secret, listener = new_secret(), socket.create_server(("127.0.0.1", 0))
+    agent = NodeAgent(f"127.0.0.1:{listener.getsockname()[1]}", secret, nproc_per_node=1)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(agent.run()))
+    thread.start()
+    try:
+        conn, _ = listener.accept()
+        nonce = new_nonce()
+        link = Link(conn, secret, sender="kernel", session=nonce)
+        link.verifier.session = None
+        link.send(protocol.HELLO)
+        join = []
+        while not join:
+            join = link.receive()
+        link.start_session(str(join[0].header["session"]))
+        conn.sendall(link.signer.seal(protocol.WELCOME, {"node": "0"}) + link.signer.seal(protocol.CLOSE))  # one packet
+        thread.join(scaled(5))  # well before the 10 s the agent waits for a silent kernel
+        assert result == [EXIT_OK]
+    finally:
+        listener.close()
+        thread.join(15)
+        link.close()
