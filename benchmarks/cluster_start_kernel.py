@@ -16,9 +16,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from nbaccel import notebook_launcher  # noqa: E402
-from nbaccel.agent.cluster import Cluster  # noqa: E402
-from nbaccel.testing import CollectingSink  # noqa: E402
+from nbaccel import notebook_launcher
+from nbaccel.agent.cluster import Cluster
+from nbaccel.testing import CollectingSink
 
 HOST, FIRST_NODE = "10.232.0.1", "10.232.0.11"
 

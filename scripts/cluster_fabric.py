@@ -163,7 +163,7 @@ class Fabric:
         _run("ip", "-n", self.ctl, "addr", "add", f"{CTL_ADDRESS}/24", "dev", "br0")
         for netns in ("lo", "br0"):
             _run("ip", "-n", self.ctl, "link", "set", netns, "up")
-        for index, (netns, address) in enumerate(zip(self.namespaces, self.addresses)):
+        for index, (netns, address) in enumerate(zip(self.namespaces, self.addresses, strict=True)):
             _run("ip", "netns", "add", netns)
             outer, inner = f"v{index}", "eth0"
             _run("ip", "-n", self.ctl, "link", "add", outer, "type", "veth", "peer", "name", inner, "netns", netns)
@@ -174,14 +174,16 @@ class Fabric:
 
     def _files(self) -> None:
         original = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
-        names = [f"{CTL_ADDRESS} nbctl", *(f"{a} {n}" for a, n in zip(self.addresses, self.node_names))]
+        names = [f"{CTL_ADDRESS} nbctl", *(f"{a} {n}" for a, n in zip(self.addresses, self.node_names, strict=True))]
         (self.dir / "hosts").write_text(original.rstrip("\n") + "\n" + "\n".join(names) + "\n")
         (self.dir / "nsswitch.conf").write_text("passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n")
         (self.dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
     def _daemon(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         with open(self.dir / log, "ab") as out:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, preexec_fn=_die_with_parent)
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, preexec_fn=_die_with_parent
+            )
         self.daemons.append(process)
         return process
 
@@ -190,9 +192,9 @@ class Fabric:
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"nbaccel-fabric-{key}", "-f", str(self.dir / key))
         shutil.copy(self.dir / "client_key.pub", self.dir / "authorized_keys")
         host_public = (self.dir / "host_key.pub").read_text().split()[:2]
-        known = [f"{name},{address} {' '.join(host_public)}" for name, address in zip(self.node_names, self.addresses)]
+        known = [f"{name},{address} {' '.join(host_public)}" for name, address in zip(self.node_names, self.addresses, strict=True)]
         (self.dir / "known_hosts").write_text("\n".join(known) + "\n")
-        hosts = "".join(f"Host {name}\n  HostName {address}\n" for name, address in zip(self.node_names, self.addresses))
+        hosts = "".join(f"Host {name}\n  HostName {address}\n" for name, address in zip(self.node_names, self.addresses, strict=True))
         (self.dir / "ssh_config").write_text(
             hosts + f"Host *\n  User root\n  IdentityFile {self.dir / 'client_key'}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.dir / 'known_hosts'}\n"
             "  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 10\n  LogLevel ERROR\n"
@@ -250,7 +252,7 @@ class Fabric:
             (d / sub).mkdir()
         for name in self.node_names:
             (d / "spool" / name).mkdir()
-        nodes = "".join(f"NodeName={n} NodeAddr={a} CPUs={self.cpus} State=UNKNOWN\n" for n, a in zip(self.node_names, self.addresses))
+        nodes = "".join(f"NodeName={n} NodeAddr={a} CPUs={self.cpus} State=UNKNOWN\n" for n, a in zip(self.node_names, self.addresses, strict=True))
         (d / "slurm.conf").write_text(
             f"ClusterName=nbaccel\nSlurmctldHost=nbctl({CTL_ADDRESS})\nSlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
             f"AuthInfo=socket={self.munge_socket}\nStateSaveLocation={d / 'state'}\nSlurmdSpoolDir={d / 'spool'}/%n\n"

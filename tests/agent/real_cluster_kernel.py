@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import nbaccel
@@ -154,7 +155,7 @@ def ssh_scenario(ssh_config: str, report: dict[str, Any]) -> None:
         except AgentStartError as error:
             report["missing_agent"] = [str(error), round(time.monotonic() - started, 2)]
     cluster = Cluster(f"{HOST}:0")
-    secret = open(cluster.token_file).read().strip()
+    secret = Path(cluster.token_file).read_text().strip()
     report["token_dir_mode"] = oct(os.stat(os.path.dirname(cluster.token_file)).st_mode & 0o777)
     started = time.monotonic()
     cluster.start_agents(via="ssh", hosts=hosts, ssh_config=ssh_config, nproc_per_node=2)
