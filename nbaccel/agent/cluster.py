@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +36,13 @@ from nbaccel.agent import protocol
 from nbaccel.agent.inbox import LaunchInbox
 from nbaccel.agent.link import Link, new_nonce
 from nbaccel.agent.node import split_address
-from nbaccel.agent.signing import Message, new_secret, write_token_file
+from nbaccel.agent.signing import Message, new_secret, private_token_dir, write_token_file
+from nbaccel.agent.starters import AgentStart, AgentStartError, check_starts, start_with
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
+
+__all__ = ["AgentStartError", "Cluster", "NodeInfo"]
 
 log = logging.getLogger("nbaccel.cluster")
 
@@ -71,9 +75,12 @@ class NodeInfo:
     nproc: int
     gpus: int
     pid: int
+    started_by: str = "by hand"  # "ssh node1", "slurm job 12", ...: from the agent's --started-by
+    order: int | None = None  # Slurm's node order (SLURM_NODEID) when an srun step started the agent
     alive: bool = True
     lost_reason: str = ""
     last_seen: float = field(default_factory=time.monotonic)
+    joined_at: float = field(default_factory=time.monotonic)
     link: Link | None = field(default=None, repr=False)
 
     def describe(self) -> str:
@@ -116,13 +123,15 @@ def _listen(host: str, port: int) -> socket.socket:
 class Cluster:
     """Node agents joined to this kernel; pass it to ``notebook_launcher(..., cluster=)``."""
 
-    def __init__(self, address: str = "127.0.0.1:0") -> None:
+    def __init__(self, address: str = "127.0.0.1:0", token_dir: str | None = None) -> None:
         host, port = split_address(address if ":" in address else f"{address}:0")
         self.host = host
         self._listener = _listen(host, port)
         self.port: int = self._listener.getsockname()[1]
         self._secret = new_secret()
-        self.token_file = write_token_file(self._secret)
+        # Default: a private folder in the home directory, which a cluster's shared home shows the nodes.
+        self.token_file = write_token_file(self._secret, private_token_dir(token_dir))
+        self.starts: list[AgentStart] = []  # agents on their way (ssh sessions, srun, a Slurm job)
         self.nodes: list[NodeInfo] = []
         self.refused: list[str] = []  # why agents were turned away (wrong token, bad stream)
         self._pending: dict[int, tuple[Link, str]] = {}  # fd -> (link, kernel nonce) before join
@@ -150,6 +159,37 @@ class Cluster:
         command = f"nbaccel-agent {self.address} --token-file {self.token_file}"
         return command if nproc_per_node is None else f"{command} --nproc-per-node {nproc_per_node}"
 
+    def start_agents(
+        self,
+        via: str | list[str] = "ssh",
+        hosts: list[str] | str | None = None,
+        *,
+        agent: str | list[str] | None = None,
+        nproc_per_node: int | None = None,
+        ssh_options: Sequence[str] | str = (),
+        ssh_config: str | None = None,
+        nodes: int | None = None,
+        gpus_per_node: int | None = None,
+        time: str | None = None,
+        partition: str | None = None,
+        sbatch_options: Sequence[str] | str = (),
+    ) -> list[AgentStart]:
+        """Start the agents from here: ``via="ssh"`` (``hosts``), ``"slurm"`` or a command template.
+
+        ``agent``: the agent's path on the nodes (default: the kernel's environment's
+        ``nbaccel-agent``, right for a shared filesystem). Then ``wait(nodes=N)``: it fails at
+        once, with the launcher's exit code and output, when a launcher ends before its agent
+        joined. ``close()`` ends what was started (a submitted Slurm job is cancelled).
+        See docs/multinode.md for the three ways.
+        """
+        slurm = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
+        slurm = {name: value for name, value in slurm.items() if value is not None and value != ()}
+        if self._closed:
+            raise RuntimeError(f"the cluster at {self.address} is closed; make a new one")
+        started = start_with(via, self.address, self.token_file, hosts=hosts, agent=agent, nproc_per_node=nproc_per_node, ssh_options=ssh_options, ssh_config=ssh_config, first_order=sum(s.expected for s in self.starts), **slurm)
+        self.starts.extend(started)
+        return started
+
     @property
     def live_nodes(self) -> list[NodeInfo]:
         with self._changed:
@@ -158,14 +198,17 @@ class Cluster:
     def wait(self, nodes: int = 2, timeout: float = 120.0) -> list[NodeInfo]:
         """Block until ``nodes`` agents are joined and alive; TimeoutError naming what is missing."""
         deadline = time.monotonic() + timeout
+        said: dict[int, str] = {}
         with self._changed:
             while len([n for n in self.nodes if n.alive]) < nodes:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
                     joined = len([n for n in self.nodes if n.alive])
                     refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
-                    raise TimeoutError(f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}. Run `{self.agent_command()}` on each node.")
-                self._changed.wait(min(left, 0.5))
+                    waiting = "".join(f"; {p}" for p in said.values())
+                    raise TimeoutError(f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node.")
+                check_starts(self.starts, [(n.started_by, n.joined_at) for n in self.nodes], said)
+                self._changed.wait(min(left, 0.1 if self.starts else 0.5))
             return [n for n in self.nodes if n.alive]
 
     def close(self) -> None:
@@ -178,6 +221,9 @@ class Cluster:
         _OPEN_CLUSTERS.discard(self)
         os.write(self._wake_w, b"x")
         self._thread.join(5.0)
+        starts, self.starts = self.starts, []
+        for start in starts:  # the agents were told to exit; a launcher still running is ended
+            start.stop(grace=5.0)
         try:
             os.unlink(self.token_file)
         except FileNotFoundError:
@@ -191,20 +237,20 @@ class Cluster:
 
     def __repr__(self) -> str:
         lines = [f"nbaccel.Cluster at {self.address}: {len(self.live_nodes)} node(s) joined", "Run on each node:", f"  {self.agent_command()}"]
-        lines += [f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {'alive' if n.alive else 'lost: ' + n.lost_reason}" for n in self.nodes]
+        lines += [f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, {'alive' if n.alive else 'lost: ' + n.lost_reason}" for n in self.nodes]
         if self.refused:
             lines.append(f"Refused {len(self.refused)} connection(s); last: {self.refused[-1]}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{html.escape(n.name)}</td><td>{html.escape(n.host)}</td><td>{html.escape(n.address)}</td><td>{n.nproc}</td><td>{n.gpus}</td><td>{'alive' if n.alive else 'lost'}</td></tr>"
+            f"<tr><td>{html.escape(n.name)}</td><td>{html.escape(n.host)}</td><td>{html.escape(n.address)}</td><td>{n.nproc}</td><td>{n.gpus}</td><td>{html.escape(n.started_by)}</td><td>{'alive' if n.alive else 'lost'}</td></tr>"
             for n in self.nodes
         )
         return (
             f"<div><b>nbaccel.Cluster</b> at <code>{html.escape(self.address)}</code>, {len(self.live_nodes)} node(s) joined."
             f"<br>Run on each node: <code>{html.escape(self.agent_command())}</code>"
-            f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>state</th></tr>{rows}</table></div>"
+            f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>started</th><th>state</th></tr>{rows}</table></div>"
         )
 
     # -- used by the remote launcher -----------------------------------------------------------
@@ -318,12 +364,15 @@ class Cluster:
                 nproc=int(info.get("nproc", 1)),
                 gpus=int(info.get("gpus", 0)),
                 pid=int(info.get("pid", 0)),
+                started_by=str(info.get("started_by") or "by hand"),
+                order=int(info["order"]) if isinstance(info.get("order"), int) else None,
                 link=link,
             )
+            # Welcomed before anyone can see it: a launch sent right after wait() returns comes second.
+            self.send(node, protocol.WELCOME, {"node": node.name})
             self.nodes.append(node)
             self._changed.notify_all()
         self._selector.modify(fd, selectors.EVENT_READ, node)
-        self.send(node, protocol.WELCOME, {"node": node.name})
 
     def _on_node(self, node: NodeInfo) -> None:
         assert node.link is not None

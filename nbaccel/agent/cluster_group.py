@@ -1,6 +1,7 @@
 """The engine's ``Launcher`` and ``RankGroup`` for several nodes: ranks on agents, events over the network.
 
-Per attempt the launcher assigns node ranks (a node on the kernel's own address first, then the
+Per attempt the launcher assigns node ranks (the order of start_agents' hosts, or Slurm's node
+order where srun started the agents; else a node on the kernel's own address first, then the
 order the nodes joined) and global ranks (node by node: rank 0 is node 0's local rank 0), hosts
 a fresh rendezvous store bound to the cluster's address, and sends every node the signed launch.
 The group then feeds the engine's one event loop exactly as a local group does, from one source:
@@ -64,8 +65,10 @@ class NodeSlot:
 
 
 def layout(nodes: list[NodeInfo], kernel_host: str | None = None) -> list[NodeSlot]:
-    """Node ranks: the kernel's own machine first (rank 0 beside the notebook), then join order."""
-    ordered = sorted(nodes, key=lambda n: n.address != kernel_host)  # stable: join order otherwise
+    """Node ranks: agents that know their place first (Slurm's SLURM_NODEID: rank 0 on the job's first
+    node; start_agents' order of hosts), then the kernel's own machine (rank 0 beside the notebook),
+    then the order the nodes joined."""
+    ordered = sorted(nodes, key=lambda n: (n.order is None, n.order or 0, n.address != kernel_host))  # stable: join order
     slots, first = [], 0
     for node_rank, node in enumerate(ordered):
         slots.append(NodeSlot(node, node_rank, list(range(first, first + node.nproc))))
@@ -103,6 +106,7 @@ class ClusterRankGroup:
         self._loop: EventLoop | None = None
         self._closed = False
         self._deferred: list[Item] = []  # set aside while stacks() waited for its answers
+        self.lost: dict[int, str] = {}  # node rank -> what was said when it was lost (a pool keeps the rest)
 
     @property
     def num_processes(self) -> int:
@@ -203,6 +207,8 @@ class ClusterRankGroup:
         slot.done = True
         running = [rank for rank in slot.ranks if rank not in self._codes]
         message = f"{slot.where()} {reason}; its ranks {', '.join(map(str, running))} ended with it"
+        if error_type == "NodeLostError":
+            self.lost[slot.node_rank] = f"{slot.where()} {reason}; its ranks {', '.join(map(str, slot.ranks))} ended with it"
         fields = {"type_name": error_type, "message": message, "traceback": "", "timestamp": time.time()}
         for rank in running:
             outcome = self._loop.outcomes.get(rank) if self._loop is not None else None
@@ -221,10 +227,15 @@ class ClusterRankGroup:
                 self.cluster.send(slot.node, protocol.SIGNAL, {"ranks": mine, "signal": int(sig)}, self.launch)
 
     def returncode(self, rank: int) -> int | None:
-        if rank not in self._codes and self._loop is None and not self._closed:
-            for kind, node, item in self.inbox.take():  # outside a loop: learn of exits now
-                self._handle(kind, node, item)
+        if rank not in self._codes:
+            self.catch_up()
         return self._codes.get(rank)
+
+    def catch_up(self) -> None:
+        """Outside a loop (a pool between cells): learn of exits and lost nodes now."""
+        if self._loop is None and not self._closed:
+            for kind, node, item in self.inbox.take():
+                self._handle(kind, node, item)
 
     def was_signalled(self, rank: int) -> bool:
         return rank in self._signalled

@@ -60,11 +60,29 @@ def visible_gpus() -> int:
         return 0
 
 
+def launcher_facts(started_by: str, order: int | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the join says about how this agent was started, and its place in the node ranks
+    (``order``: the host's place in start_agents' list; Slurm's node order when under srun).
+
+    Example:
+        >>> launcher_facts("slurm job 7", None, {"SLURM_NODEID": "1", "SLURM_JOB_ID": "7"})
+        {'started_by': 'slurm job 7', 'order': 1, 'slurm_job': '7'}
+    """
+    environ = dict(os.environ) if environ is None else environ
+    facts: dict[str, Any] = {"started_by": started_by, **({} if order is None else {"order": order})}
+    if environ.get("SLURM_NODEID", "").isdigit():  # an srun step: node ranks follow Slurm's node order
+        facts["order"] = int(environ["SLURM_NODEID"])
+        facts["slurm_job"] = environ.get("SLURM_JOB_ID", "")
+        facts["started_by"] = started_by or f"slurm job {facts['slurm_job']}"
+    return facts
+
+
 class NodeAgent:
     """One node's agent; ``run()`` returns the process's exit code."""
 
-    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None) -> None:
+    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None, started_by: str = "", order: int | None = None) -> None:
         self.address = address
+        self.started_by, self.order = started_by, order
         self.host, self.port = split_address(address)
         self._secret = secret
         self.gpus = visible_gpus()
@@ -75,6 +93,7 @@ class NodeAgent:
         self._last_heard = time.monotonic()
         self._next_heartbeat = 0.0
         self._closing = False
+        self._early: list[Message] = []
 
     # -- connecting ----------------------------------------------------------------------------
 
@@ -85,14 +104,14 @@ class NodeAgent:
         except OSError as exc:
             raise AgentError(f"cannot reach the cluster at {self.address} ({exc.strerror or exc}); is the notebook's Cluster running, and is that address reachable from this node?", EXIT_UNREACHABLE) from None
         link = Link(sock, self._secret, sender=f"node@{socket.gethostname()}:{os.getpid()}")
-        hello = self._first_message(link)
+        hello = self._first_messages(link)[0]  # the kernel sends nothing else before our join
         session = f"{hello.header['session']}.{new_nonce()}"
         link.start_session(session)
         local_address = sock.getsockname()[0]
         self.interface = interface_of(local_address)
         join = {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid(), "version": _version.__version__}
-        link.send(protocol.JOIN, join)
-        welcome = self._first_message(link)
+        link.send(protocol.JOIN, {**join, **launcher_facts(self.started_by, self.order)})
+        welcome, *self._early = self._first_messages(link)  # a launch may come in the welcome's read
         if welcome.kind == protocol.REFUSED:
             raise AgentError(f"the cluster at {self.address} refused this node: {welcome.json().get('reason', '?')}", EXIT_REFUSED)
         if welcome.kind != protocol.WELCOME:
@@ -100,7 +119,7 @@ class NodeAgent:
         self.node = welcome.json()
         self.link = link
 
-    def _first_message(self, link: Link) -> Message:
+    def _first_messages(self, link: Link) -> list[Message]:
         deadline = time.monotonic() + _CONNECT_TIMEOUT
         while time.monotonic() < deadline:
             try:
@@ -109,7 +128,7 @@ class NodeAgent:
                 self._prove_token_anyway(link)
                 raise AgentError(f"the cluster at {self.address} refused this node: {exc}. Check that the token is this cluster's (cluster.token_file).", EXIT_REFUSED) from None
             if messages:
-                return messages[0]
+                return messages
         raise AgentError(f"the cluster at {self.address} sent nothing within {_CONNECT_TIMEOUT:.0f} s; is it an nbaccel Cluster?", EXIT_REFUSED)
 
     def _prove_token_anyway(self, link: Link) -> None:
@@ -130,6 +149,10 @@ class NodeAgent:
             assert self.link is not None
             self._selector.register(self.link.fileno(), selectors.EVENT_READ, self._on_kernel)
             self._last_heard = time.monotonic()
+            for message in self._early:  # what arrived with the welcome (a launch sent at once)
+                code = self._handle(message)
+                if code is not None:
+                    return code
             return self._loop()
         except AgentError as exc:
             print(f"nbaccel-agent: {exc}", file=sys.stderr, flush=True)

@@ -5,11 +5,18 @@ the process group once, says READY, then runs the tasks the kernel sends through
 (signed) in a namespace that lives as long as the worker. ``WorkerPool`` does the rest (push,
 pull, run, status, stop, interrupts), as on one node; failures here also name the rank's node.
 
+A pool outlives a node: when one is lost (its agent or machine stopped, its network cut), the
+pool says which node and ranks, keeps the other nodes' workers as they are (``status()`` and
+``stacks()`` still show them), refuses new tasks, and ``restart()`` brings it back on the nodes
+still joined, or with ``wait_for=N`` on N nodes once a replacement agent joined. The lost node's
+ranks died with their agent (``PR_SET_PDEATHSIG``), or with the agent that gave up on the kernel.
+
 Example::
 
     pool = start_cluster_workers(cluster)        # what start_workers(cluster=cluster) runs
     pool.push(scale=10)
     pool.run(lambda: int(os.environ["RANK"]))     # [0, 1, 2, 3] on 2 nodes x 2 ranks
+    pool.restart(wait_for=2)                      # after a node was lost and a new agent started
     pool.stop()
 """
 
@@ -21,22 +28,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.cluster_group import ClusterLauncher
+from nbaccel.agent.cluster_group import ClusterLauncher, ClusterRankGroup
 from nbaccel.agent.remote import cluster_plan, naming_nodes
 from nbaccel.errors import RankFailedError
+from nbaccel.launch.loop import EventLoop
+from nbaccel.launch.notices import say
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, check_timeout
-from nbaccel.launch.seam import LaunchPlan
+from nbaccel.launch.outcome import Status
+from nbaccel.launch.seam import LaunchPlan, RankGroup
 from nbaccel.output.sinks import Sink
-from nbaccel.pool.pool import WorkerPool
+from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus
+from nbaccel.pool.task import Task
+
+
+class NodeLostPoolError(PoolStoppedError):
+    """A node of a running pool was lost; the other nodes' workers are kept until ``restart()``/``stop()``."""
 
 
 class ClusterWorkers(WorkerPool):
     """A ``WorkerPool`` whose ranks run on the cluster's nodes (namespaces start empty there)."""
 
-    def __init__(self, cluster: Cluster, plan: LaunchPlan, start_timeout: float) -> None:
+    def __init__(self, cluster: Cluster, plan: LaunchPlan, start_timeout: float, cpu: bool = False) -> None:
         # No seed namespace: a node cannot inherit the notebook's variables; push them instead.
         super().__init__(plan, ClusterLauncher(cluster), None, start_timeout)
         self.cluster = cluster
+        self._cpu = cpu
 
     def start(self, output: str | Sink = "text") -> ClusterWorkers:
         try:
@@ -45,14 +61,71 @@ class ClusterWorkers(WorkerPool):
             raise naming_nodes(error, self.launcher) from None  # type: ignore[arg-type]
         return self
 
+    def restart(self, wait_for: int | None = None, timeout: float = 120.0) -> ClusterWorkers:
+        """Fresh workers on the nodes joined now, or once ``wait_for`` nodes are (a replacement agent).
+
+        Every worker still running (a lost node's survivors included) is stopped first.
+        """
+        self.stop()
+        if wait_for is not None:
+            self.cluster.wait(nodes=wait_for, timeout=timeout)
+        # The same options on the nodes there now: rank counts follow the live nodes.
+        fresh = cluster_plan(self.cluster, self.plan.mixed_precision, None, 0, self._cpu, time.monotonic())
+        self.plan = dataclasses.replace(fresh, stall_report=self.plan.stall_report)
+        self._seed = None
+        return self.start()
+
+    @property
+    def lost(self) -> list[str]:
+        """What was said of each node lost since the workers started (empty while all are there)."""
+        group = self._group
+        if not isinstance(group, ClusterRankGroup):
+            return []
+        group.catch_up()
+        return list(group.lost.values())
+
     def run_task(self, task: Callable[[dict[str, Any]], Any], ranks: Sequence[int] | None = None, timeout: float | None = None, output: str | Sink | None = None, label: str = "", remember: bool = True) -> Any:
         try:
             return super().run_task(task, ranks, timeout, output, label, remember)
         except RankFailedError as error:
             raise naming_nodes(error, self.launcher) from None  # type: ignore[arg-type]
 
+    def _check_alive(self, group: RankGroup) -> None:
+        if self.lost:
+            raise NodeLostPoolError(self._lost_words())
+        super()._check_alive(group)
+
+    def _tear_down(self, loop: EventLoop, policy: Task) -> None:
+        """A lost node's ranks ended mid-task: keep the survivors (inspect, then restart); else as on one node."""
+        if not self.lost:
+            super()._tear_down(loop, policy)
+            return
+        for outcome in loop.outcomes.values():
+            if outcome.status is Status.RUNNING:
+                outcome.status = Status.STOPPED
+        say(self._lost_words())
+        crashed = [o for o in policy.exited if o.rank >= 0]
+        states = [*crashed, *(o for o in loop.outcomes.values() if o.rank not in {c.rank for c in crashed})]
+        raise RankFailedError(crashed[0], sorted(states, key=lambda o: o.rank))
+
+    def _lost_words(self) -> str:
+        lost = "; ".join(self.lost)
+        return (
+            f"{lost}. The workers on the other nodes are kept as they are for inspection (pool.status(), pool.stacks()); "
+            f"pool.restart() (%distributed restart) starts fresh workers on the {len(self.cluster.live_nodes)} node(s) still joined, "
+            "or pool.restart(wait_for=N) (%distributed restart --wait-for N) once a replacement agent joined."
+        )
+
+    def _status_of(self, rank: int, answer: Any) -> WorkerStatus:
+        status = super()._status_of(rank, answer)
+        group = self._group
+        if isinstance(group, ClusterRankGroup) and group.slot_of[rank].node_rank in group.lost:
+            return dataclasses.replace(status, state=f"lost with node {group.slot_of[rank].node_rank}")
+        return status
+
     def __repr__(self) -> str:
         state = "running" if self.alive else "stopped"
+        state += f", {len(self.lost)} node(s) lost: restart()" if self.alive and self.lost else ""
         return f"<ClusterWorkers {self.num_processes} ranks on the cluster at {self.cluster.address}, {state}>"
 
 
@@ -63,4 +136,4 @@ def start_cluster_workers(
     check_timeout(start_timeout, "start_timeout")
     check_timeout(stall_report, "stall_report")
     plan = dataclasses.replace(cluster_plan(cluster, mixed_precision, None, 0, cpu, time.monotonic()), stall_report=stall_report)
-    return ClusterWorkers(cluster, plan, start_timeout).start()
+    return ClusterWorkers(cluster, plan, start_timeout, cpu).start()

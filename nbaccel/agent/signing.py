@@ -50,6 +50,26 @@ def new_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
 
 
+def private_token_dir(directory: str | None = None) -> str:
+    """The folder for token files: ``directory`` (made 0700 if missing), by default ``~/.nbaccel/clusters``.
+
+    A home directory is usually the filesystem a cluster's nodes share, so the agents can read
+    the file where the kernel wrote it; the default folder is kept at mode 0700 and every token
+    file is 0600 wherever it is. ``tempfile.gettempdir()`` keeps the token on this machine only.
+
+    Example:
+        >>> import tempfile
+        >>> private_token_dir(tempfile.gettempdir()) == tempfile.gettempdir()
+        True
+    """
+    default = os.path.expanduser(os.path.join("~", ".nbaccel", "clusters"))
+    folder = os.path.expanduser(directory) if directory is not None else default
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if folder == default and stat.S_IMODE(os.stat(folder).st_mode) & 0o077:
+        os.chmod(folder, 0o700)  # made under a loose umask (or by hand): close it before a secret goes in
+    return folder
+
+
 def write_token_file(secret: bytes, directory: str | None = None) -> str:
     """Write ``secret`` (hex) to a new file only its owner may read; returns the path.
 

@@ -19,9 +19,10 @@ from typing import cast
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
-from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, unsplittable, variable_name
+from nbaccel.notebook import cluster_command
+from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull")
+COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull", "cluster")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -37,6 +38,8 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed status
     %distributed stacks
     %distributed stop
+    %distributed restart --wait-for 2                 (a pool across nodes, after one was lost)
+    %distributed cluster 10.0.0.1 --via ssh --hosts node1 node2   (agents on several machines)
 """
 
 
@@ -61,10 +64,12 @@ def parser() -> MagicArgumentParser:
     commands = main.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     _add_start(commands)
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
-    commands.add_parser("restart", help="fresh workers with empty namespaces and the same options")
+    restart = commands.add_parser("restart", help="fresh workers with empty namespaces and the same options (after a crash, or a lost node)")
+    restart.add_argument("--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start")
     commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     _add_transfers(commands)
+    cluster_command.add_parser(commands)
     return main
 
 

@@ -100,9 +100,20 @@ class NotebookWorkers:
     def restart(self, args: argparse.Namespace | None = None) -> None:
         if self.pool is None:
             raise UsageError(f"no workers to restart: {NO_WORKERS}.")
+        wait_for = getattr(args, "wait_for", None)
         started = time.monotonic()
-        self.pool.restart()
+        if wait_for is None:
+            self.pool.restart()
+        elif hasattr(self.pool, "cluster"):  # a pool across nodes: come back once N nodes are there
+            self.pool.restart(wait_for=wait_for)  # type: ignore[call-arg]
+        else:
+            raise UsageError(f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster).")
         self._say_ready(time.monotonic() - started, fresh=True)
+
+    def cluster(self, args: argparse.Namespace) -> None:
+        from nbaccel.notebook.cluster_command import start_cluster
+
+        start_cluster(args, self.user_ns)
 
     def close(self) -> None:
         """Stop the workers quietly (the extension is unloaded)."""

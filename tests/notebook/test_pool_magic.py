@@ -249,3 +249,17 @@ def test_nbaccel_quiet_silences_the_notices_not_the_answers(ip: InteractiveShell
     assert notices(capsys) == []
     ip.run_line_magic("distributed", "status")
     assert notices(capsys) == ["nbaccel: no workers running: start them with %distributed start [-n N]"]  # asked for
+
+
+def test_restart_wait_for_is_for_a_pool_across_nodes(ip: InteractiveShell, pool: FakePool) -> None:
+    with pytest.raises(UsageError, match=r"^%distributed restart --wait-for 2: these workers run on this machine only; --wait-for is for a pool across nodes"):
+        ip.run_line_magic("distributed", "restart --wait-for 2")
+    assert pool.restarted == 0 and pool.alive
+
+
+def test_cluster_refuses_what_cannot_work_in_one_line(ip: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match=r"^%distributed cluster 0.0.0.0: Cluster\('0.0.0.0':0\) would listen on every interface"):
+        ip.run_line_magic("distributed", "cluster 0.0.0.0 --via ssh --hosts node1")
+    with pytest.raises(UsageError, match=r"^%distributed cluster: via='ssh' starts one agent per host: give hosts="):
+        ip.run_line_magic("distributed", "cluster 127.0.0.1 --via ssh --token-dir /tmp")
+    assert "cluster" not in ip.user_ns
