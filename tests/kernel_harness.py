@@ -106,6 +106,9 @@ class Kernel:
                 interrupted = True
             if answers is not None:
                 self._answer_stdin(answer, prompts)
+                if interrupt_on is not None and not interrupted and _holds(output + "".join(prompts), interrupt_on):
+                    self.manager.interrupt_kernel()
+                    interrupted = True
             wait = 0.05 if (interrupt_after is not None and not interrupted) or answers is not None else max(0.01, deadline - time.monotonic())
             try:
                 msg = self.client.get_iopub_msg(timeout=wait)

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbaccel.launch.outcome import with_cell_names
+from nbaccel.rank.bootstrap import Job
+from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
 from nbaccel.wire.events import Kind
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 Ask = Callable[[str], str]  # the kernel's raw_input: a prompt in, the typed line out
 
 _KEEP_TURN = 0.3  # after a session ends: ``n``/``s`` leave the debugger and re-enter it at once
+_GATHER = 0.1  # with no rank at the prompt: ranks stopping this close together count as together
 DEBUG_KINDS = (Kind.PROMPT, Kind.DEBUG_OUTPUT, Kind.DEBUG_LEFT)
 TIMEOUTS_LINE = (
     "its peers wait for it up to torch's process-group timeout (30 min on gloo, 10 min on NCCL, whose watchdog then "
@@ -62,6 +65,25 @@ def kernel_stdin() -> Ask | None:
     except (AttributeError, KeyError, TypeError):
         return None
     return kernel.raw_input if allowed else None  # type: ignore[no-any-return]
+
+
+def wants_post_mortem(pdb: bool | None) -> bool:
+    """``pdb=`` as given, or (None) IPython's own ``%pdb`` setting in this kernel.
+
+    Example:
+        >>> wants_post_mortem(True), wants_post_mortem(False)
+        (True, False)
+    """
+    if pdb is not None:
+        return bool(pdb)
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    return bool(getattr(shell, "call_pdb", False))
+
+
+def debuggable_job(function: Callable[..., Any], args: Any, post_mortem: bool) -> Job:
+    """The job every rank runs: ``function(*args)``, in a post-mortem on error when asked."""
+    return Job(PostMortemOnError(function) if post_mortem else function, tuple(args))
 
 
 def first_line(rank: int, header: str) -> str:
@@ -114,9 +136,11 @@ class DebugDesk:
             return
         self.in_debugger.add(rank)
         self.waiting[rank] = body
+        if self.holder is None and self._keep_until is None:
+            self._keep_until = time.monotonic() + _GATHER
         self._update_clocks()
-        # Granted in on_clock, after every event of this wake-up: ranks that stopped together
-        # are then served lowest first.
+        # Granted in on_clock, a moment later: ranks that stopped together (a breakpoint after
+        # a barrier) are then served lowest first, whichever PROMPT the loop read first.
 
     def wake_at(self) -> float | None:
         return self._keep_until if self.waiting and self._asked is None else None
@@ -128,6 +152,8 @@ class DebugDesk:
             if self.holder in self.in_debugger or (self._keep_until is not None and now < self._keep_until):
                 return  # the holder's session goes on (it is between two prompts)
             self.holder = None
+        elif self.holder is None and self._keep_until is not None and now < self._keep_until:
+            return  # gathering the ranks that stop together
         rank = self.holder if self.holder is not None else min(self.waiting)
         self.holder, self._keep_until = rank, None
         self._start_asking(rank, self.waiting.pop(rank))

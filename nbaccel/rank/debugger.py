@@ -20,6 +20,7 @@ import bdb
 import builtins
 import importlib
 import io
+import linecache
 import os
 import pdb
 import sys
@@ -30,6 +31,9 @@ from typing import Any
 
 from nbaccel.wire import events
 
+# A %%distributed cell runs as a function of this name over the cell's whole text (nbaccel.notebook.cell),
+# whose first line is the magic's, not Python: ``ll`` shows the whole cell instead of that line.
+_CELL_FUNCTION = "distributed_cell"
 # The standard library's Pdb, even where ipykernel put IPython's debugger in its place.
 _STDLIB_PDB: type[pdb.Pdb] = next(c for c in pdb.Pdb.__mro__ if c.__module__ == "pdb" and c.__name__ == "Pdb")
 
@@ -110,6 +114,14 @@ class RankPdb(_STDLIB_PDB):  # type: ignore[misc, valid-type]
     def _where(self) -> tuple[str, int] | None:
         frame = getattr(self, "curframe", None)
         return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+
+    def _getsourcelines(self, obj: Any) -> tuple[list[str], int]:
+        code = getattr(obj, "f_code", None)
+        if code is not None and code.co_name == _CELL_FUNCTION:
+            lines = linecache.getlines(code.co_filename, obj.f_globals)
+            if lines:
+                return lines, 1
+        return super()._getsourcelines(obj)  # type: ignore[no-any-return]
 
     def _cmdloop(self) -> None:
         # The standard pdb catches KeyboardInterrupt here and prompts again: at a rank's prompt an
@@ -210,11 +222,12 @@ class PostMortemOnError:
 class DebugLastFailure:
     """A worker task: the post-mortem of the rank's last failed cell (``pool.debug``)."""
 
-    def __call__(self, namespace: dict[str, Any]) -> None:
+    def __call__(self, namespace: dict[str, Any]) -> bool:
+        """False when the rank has no failure to look at."""
         if _last_failure is None:
-            rank = _link.rank if _link is not None else "this rank"
-            raise LookupError(f"rank {rank} has no failed cell to debug: its last cell did not raise (or the workers were restarted since).")
+            return False
         post_mortem(_last_failure)
+        return True
 
 
 def install(rank: int, channel: int, commands: int | None) -> None:
