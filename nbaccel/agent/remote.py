@@ -18,12 +18,12 @@ from typing import Any
 from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.cluster_group import ClusterLauncher, layout
 from nbaccel.errors import RankFailedError, RankReport
+from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
 from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import LaunchOptions, check_callable
 from nbaccel.launch.seam import LaunchPlan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
-from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
 
 __all__ = ["NodeRankFailedError", "cluster_launcher", "cluster_plan", "layout", "naming_nodes"]
 

@@ -56,7 +56,7 @@ class _Cancelled(BaseException):
 def kernel_stdin() -> Ask | None:
     """The running kernel's ``raw_input`` if the cell's frontend allows stdin, else None."""
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    shell = ipython.get_ipython() if ipython is not None else None
     kernel = getattr(shell, "kernel", None)
     if kernel is None:
         return None
@@ -64,7 +64,7 @@ def kernel_stdin() -> Ask | None:
         allowed = bool(kernel.get_parent("shell")["content"].get("allow_stdin", False))
     except (AttributeError, KeyError, TypeError):
         return None
-    return kernel.raw_input if allowed else None  # type: ignore[no-any-return]
+    return kernel.raw_input if allowed else None
 
 
 def wants_post_mortem(pdb: bool | None) -> bool:
@@ -75,9 +75,9 @@ def wants_post_mortem(pdb: bool | None) -> bool:
         (True, False)
     """
     if pdb is not None:
-        return bool(pdb)
+        return pdb  # as given: LaunchOptions refuses what is not a bool
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    shell = ipython.get_ipython() if ipython is not None else None
     return bool(getattr(shell, "call_pdb", False))
 
 
