@@ -164,6 +164,10 @@ def test_distributed_debug_opens_a_workers_last_failure_later(kernel: Kernel) ->
         kept = kernel.execute("%%distributed -o k\nkept")  # the namespaces are kept
         assert kept.status == "ok", kept.error
         assert _value(kernel, "k") == "[100, 101]"
+        resumed = kernel.execute("%%distributed -o seen\nif state.process_index == 1:\n    breakpoint()\nkept", answers=["p kept", "c"], timeout=60)
+        assert resumed.status == "ok", resumed.error
+        assert resumed.prompts[0].endswith("(Pdb) rank 1> ") and resumed.prompts[1].startswith("101\n")
+        assert _value(kernel, "seen") == "[100, 101]"
         quit_cell = kernel.execute("%%distributed\nif state.process_index == 1:\n    breakpoint()\n", answers=["q"], timeout=60)
         assert quit_cell.error is not None and "quit in the debugger" in quit_cell.error["evalue"]
         assert kernel.execute("%%distributed -o k\nkept").status == "ok"  # q failed the cell, not the pool
