@@ -164,6 +164,9 @@ def test_distributed_debug_opens_a_workers_last_failure_later(kernel: Kernel) ->
         kept = kernel.execute("%%distributed -o k\nkept")  # the namespaces are kept
         assert kept.status == "ok", kept.error
         assert _value(kernel, "k") == "[100, 101]"
+        at_once = kernel.execute("%%distributed --pdb\nif state.process_index == 0:\n    here = kept - 1\n    raise KeyError(here)", answers=["p here", "q"], timeout=60)
+        assert at_once.prompts[0].startswith("nbaccel: rank 0 raised KeyError: 99; post-mortem") and at_once.prompts[1].startswith("99\n")
+        assert at_once.error is not None and "rank 0 failed: KeyError: 99" in at_once.error["evalue"]
         resumed = kernel.execute("%%distributed -o seen\nif state.process_index == 1:\n    breakpoint()\nkept", answers=["p kept", "c"], timeout=60)
         assert resumed.status == "ok", resumed.error
         assert resumed.prompts[0].endswith("(Pdb) rank 1> ") and resumed.prompts[1].startswith("101\n")

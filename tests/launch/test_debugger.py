@@ -144,3 +144,38 @@ def test_post_mortem_runs_in_the_failing_ranks_frame_while_peers_wait(stdin: Cal
 def test_pdb_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="pdb must be True or False, got 'yes'"):
         nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, pdb="yes")  # type: ignore[arg-type]
+
+
+class NeverAnswers:
+    """A prompt nobody answers: waits in short steps, as ipykernel's stdin does (so it can be withdrawn)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt: str) -> str:
+        self.prompts.append(prompt)
+        while True:
+            time.sleep(0.01)
+
+
+def fail_on_rank_zero_once_rank_one_prompts(marker: str) -> None:
+    if os.environ["RANK"] == "1":
+        open(marker, "w").close()
+        breakpoint()
+        return
+    while not os.path.exists(marker):
+        time.sleep(0.01)
+    time.sleep(0.3)  # rank 1 is at its prompt by now
+    raise RuntimeError("rank 0 gives up")
+
+
+def test_a_peers_failure_while_a_rank_is_at_the_prompt_ends_the_launch_and_withdraws_it(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]) -> None:
+    never = NeverAnswers()
+    monkeypatch.setattr(debug_desk, "kernel_stdin", lambda: never)
+    started = time.monotonic()
+    with pytest.raises(nbaccel.RankFailedError, match="rank 0 failed: RuntimeError: rank 0 gives up") as caught:
+        nbaccel.notebook_launcher(fail_on_rank_zero_once_rank_one_prompts, (os.path.join(tmp_path, "m"),), num_processes=2, output=CollectingSink())
+    assert len(never.prompts) == 1
+    assert "rank 1: at its debugger prompt" in str(caught.value)
+    assert time.monotonic() - started < scaled(10)
+    assert not [t for t in threading.enumerate() if t.name.startswith("nbaccel-stdin")]
