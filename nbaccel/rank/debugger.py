@@ -22,7 +22,7 @@ import importlib
 import io
 import linecache
 import os
-import pdb  # noqa: T100 - this module is the debugger of a rank
+import pdb
 import sys
 import warnings
 from dataclasses import dataclass

@@ -60,10 +60,11 @@ class Kind(enum.IntEnum):
     IMPORTED = 7  # heavy modules the rank had to import (nbaccel.launch.warm), for the kernel to preload
     # Output lines and stacks are no kinds: lines are raw fds 1/2 locally and the agent's `lines`
     # messages remotely (nbaccel.agent.protocol); stacks are files written by faulthandler.
-    PROMPT = 8  # a rank's debugger waits for a line: {prompt, text, where, header} (nbaccel.rank.debugger)
-    DEBUG_OUTPUT = 9  # what a rank's debugger printed after its last prompt: {text}
-    ANSWER = 10  # kernel to rank: the line typed at a PROMPT ({line}, {skip: reason}), or None: go on
-    DEBUG_LEFT = 11  # a rank's debugger session ended (c, n, q, end of post-mortem): its turn may pass
+    # 8 and 9 were those kinds once: left unused, so an old node's frame is an unknown kind.
+    PROMPT = 10  # a rank's debugger waits for a line: {prompt, text, where, header} (nbaccel.rank.debugger)
+    DEBUG_OUTPUT = 11  # what a rank's debugger printed after its last prompt: {text}
+    ANSWER = 12  # kernel to rank: the line typed at a PROMPT ({line}, {skip: reason}), or None: go on
+    DEBUG_LEFT = 13  # a rank's debugger session ended (c, n, q, end of post-mortem): its turn may pass
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,6 @@ Two agents on loopback (tests/agent/conftest.py), 2 ranks each; the kernel's std
 by a scripted one (tests/launch/test_debugger.py), the real one is in tests/kernel.
 """
 
-# ruff: noqa: T100 - breakpoint() on ranks is what these tests are about
-
 from __future__ import annotations
 
 import os

@@ -5,8 +5,6 @@ here the desk's ``kernel_stdin`` answers from a list, so every path of the rank'
 of the desk's turns runs on real ranks without a kernel.
 """
 
-# ruff: noqa: T100 - breakpoint() on ranks is what these tests are about
-
 from __future__ import annotations
 
 import os
