@@ -146,8 +146,9 @@ def raise_on_rank_one_while_rank_zero_waits_in_all_reduce() -> None:
     import torch.distributed as dist
 
     state = nbaccel.PartialState()
-    dist.barrier()  # both ranks are in the group: rank 0 is surely in all_reduce when rank 1 raises
+    dist.barrier()  # both ranks are in the group
     if state.process_index == 1:
+        time.sleep(0.5)  # rank 0 has reached all_reduce (on a loaded machine too), where it blocks
         raise ValueError("boom")
     dist.all_reduce(torch.ones(1))
 
