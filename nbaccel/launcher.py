@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbaccel.launch import warm
+from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
 from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_callable
@@ -20,7 +21,6 @@ from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import Sink
 from nbaccel.output.choose import make_sink
 from nbaccel.pool.pool import start_local_workers
-from nbaccel.rank.bootstrap import Job
 
 if TYPE_CHECKING:
     from nbaccel.agent.cluster import Cluster
@@ -45,6 +45,7 @@ def notebook_launcher(
     output: str | Sink | None = None,
     stall_report: float | None = DEFAULT_STALL_REPORT,
     cluster: Cluster | None = None,
+    pdb: bool | None = None,
 ) -> list[T]:
     """Run ``function(*args)`` on ``num_processes`` ranks and return every rank's value, by rank.
 
@@ -72,6 +73,9 @@ def notebook_launcher(
         cluster: an ``nbaccel.Cluster``: run on every rank of every node joined to it (values in
             global rank order; a failure names the rank's node). ``num_processes``, ``gpus``,
             ``use_port``, ``master_addr`` and ``start_method`` do not apply (docs/multinode.md).
+        pdb: when a rank raises, open a post-mortem prompt in its frame, in this cell (the others
+            wait meanwhile); the launch then fails as usual. Default: IPython's ``%pdb`` setting.
+            ``breakpoint()`` on a rank prompts in the cell whatever this says (docs/debugging.md).
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.
@@ -93,7 +97,7 @@ def notebook_launcher(
     if cluster is not None:
         from nbaccel.agent.remote import cluster_launcher
 
-        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report)
+        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report, pdb=pdb)
     started = time.monotonic()
     check_callable(function, args)
     options = LaunchOptions(
@@ -107,11 +111,12 @@ def notebook_launcher(
         use_port=use_port,  # type: ignore[arg-type]  # a str port is parsed by LaunchOptions
         master_addr=master_addr,
         stall_report=stall_report,
+        pdb=wants_post_mortem(pdb),
     )
     plan = make_plan(options, started)
     launcher = LocalLauncher(choose_starter(options.start_method))
     try:
-        return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
+        return run_launch(launcher, debuggable_job(function, args, options.pdb), plan, make_sink(output))
     finally:
         warm.import_noted()
 

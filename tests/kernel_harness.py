@@ -31,6 +31,7 @@ class Execution:
     reply: dict[str, Any]
     messages: list[dict[str, Any]] = field(default_factory=list)
     elapsed: float = 0.0
+    prompts: list[str] = field(default_factory=list)  # every input_request's prompt, in order
 
     @property
     def status(self) -> str:
@@ -76,6 +77,7 @@ class Kernel:
         timeout: float = 60.0,
         interrupt_after: float | None = None,
         interrupt_on: str | Callable[[str], bool] | None = None,
+        answers: Answers | None = None,
     ) -> Execution:
         """Run ``code``; collect iopub until the kernel is idle again.
 
@@ -83,9 +85,16 @@ class Kernel:
         cell's output holds this text (or this test of the output so far holds), e.g. a rank's
         first line: an event, not a guess of how long starting takes. ``interrupt_after``: interrupt after that many seconds
         (prefer ``interrupt_on``). ``timeout`` is scaled by ``nbaccel.testing.scaled``.
+
+        ``answers``: the cell runs with stdin allowed, as JupyterLab runs it, and each
+        ``input_request`` is answered (on the stdin channel) with the next line of the list, or
+        with what ``answers(prompt)`` returns; None there leaves the prompt unanswered (the
+        test then interrupts). Without ``answers`` the cell runs as nbclient runs it: no stdin.
         """
         started = time.monotonic()
-        msg_id = self.client.execute(code, store_history=True)
+        msg_id = self.client.execute(code, store_history=True, allow_stdin=answers is not None)
+        prompts: list[str] = []
+        answer = _answerer(answers)
         messages: list[dict[str, Any]] = []
         output = ""
         interrupted = False
@@ -95,7 +104,12 @@ class Kernel:
             if interrupt_after is not None and not interrupted and time.monotonic() - started >= interrupt_after:
                 self.manager.interrupt_kernel()
                 interrupted = True
-            wait = 0.05 if interrupt_after is not None and not interrupted else max(0.01, deadline - time.monotonic())
+            if answers is not None:
+                self._answer_stdin(answer, prompts)
+                if interrupt_on is not None and not interrupted and _holds(output + "".join(prompts), interrupt_on):
+                    self.manager.interrupt_kernel()
+                    interrupted = True
+            wait = 0.05 if (interrupt_after is not None and not interrupted) or answers is not None else max(0.01, deadline - time.monotonic())
             try:
                 msg = self.client.get_iopub_msg(timeout=wait)
             except queue.Empty:
@@ -109,11 +123,25 @@ class Kernel:
             else:
                 messages.append(msg)
                 output += msg["content"]["text"] if msg["msg_type"] == "stream" else ""
-                if interrupt_on is not None and not interrupted and _holds(output, interrupt_on):
+                if interrupt_on is not None and not interrupted and _holds(output + "".join(prompts), interrupt_on):
                     self.manager.interrupt_kernel()
                     interrupted = True
         reply = self._reply_to(msg_id, deadline)
-        return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started)
+        return Execution(reply=reply, messages=messages, elapsed=time.monotonic() - started, prompts=prompts)
+
+    def _answer_stdin(self, answer: Callable[[str], str | None], prompts: list[str]) -> None:
+        while True:
+            try:
+                msg = self.client.get_stdin_msg(timeout=0)
+            except queue.Empty:
+                return
+            if msg["msg_type"] != "input_request":
+                continue
+            prompt = msg["content"]["prompt"]
+            prompts.append(prompt)
+            line = answer(prompt)
+            if line is not None:
+                self.client.input(line)
 
     def _reply_to(self, msg_id: str, deadline: float) -> dict[str, Any]:
         # Skip shell replies to other requests: under load `wait_for_ready` sends kernel_info
@@ -147,6 +175,22 @@ def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
             kernel.shutdown()
         else:
             manager.shutdown_kernel(now=True)
+
+
+Answers = list[str] | Callable[[str], "str | None"]
+
+
+def _answerer(answers: Answers | None) -> Callable[[str], str | None]:
+    if answers is None or callable(answers):
+        return answers or (lambda prompt: None)
+    lines = list(answers)
+
+    def next_line(prompt: str) -> str | None:
+        if not lines:
+            raise AssertionError(f"an input_request came with no answer left to give: {prompt!r}")
+        return lines.pop(0)
+
+    return next_line
 
 
 def _holds(output: str, expected: str | Callable[[str], bool]) -> bool:

@@ -18,12 +18,12 @@ from typing import Any
 from nbaccel.agent.cluster import Cluster
 from nbaccel.agent.cluster_group import ClusterLauncher, layout
 from nbaccel.errors import RankFailedError, RankReport
+from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
 from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import LaunchOptions, check_callable
 from nbaccel.launch.seam import LaunchPlan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
-from nbaccel.rank.bootstrap import Job
 
 __all__ = ["NodeRankFailedError", "cluster_launcher", "cluster_plan", "layout", "naming_nodes"]
 
@@ -85,6 +85,7 @@ def cluster_launcher(
     cpu: bool = False,
     output: str | Sink | None = None,
     stall_report: float | None = None,
+    pdb: bool | None = None,
 ) -> list[Any]:
     """Run ``function(*args)`` on every rank of every node of ``cluster``; values in global rank order.
 
@@ -104,6 +105,6 @@ def cluster_launcher(
     plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started, stall_report)
     launcher = ClusterLauncher(cluster)
     try:
-        return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
+        return run_launch(launcher, debuggable_job(function, args, wants_post_mortem(pdb)), plan, make_sink(output))
     except RankFailedError as error:
         raise naming_nodes(error, launcher) from None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from nbaccel.launch import warm
+from nbaccel.launch.debug_desk import DEBUG_KINDS, DebugDesk
 from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
 from nbaccel.launch.seam import RankGroup, Sink
 from nbaccel.wire import rich
@@ -99,6 +100,8 @@ class EventLoop:
         self._last_activity = time.monotonic()
         self._stall_shown = False
         self._signals: list[tuple[float, int, list[int]]] = []  # (when, signal, ranks)
+        self._desk: DebugDesk | None = None  # made at a rank's first debugger prompt
+        self._held_since: float | None = None  # a rank is in the debugger: the clocks stand still
         self._selector = selectors.DefaultSelector()
 
     # -- running ---------------------------------------------------------------------------------
@@ -111,6 +114,8 @@ class EventLoop:
                 self._spin()
             except KeyboardInterrupt:
                 self.interrupted = True
+                if self._desk is not None:
+                    self._desk.interrupted()
                 if self.policy.abandons_on_interrupt:
                     raise
                 try:  # a second interrupt may land anywhere from here on, collecting stacks too
@@ -119,6 +124,8 @@ class EventLoop:
                 except KeyboardInterrupt:
                     self.policy.on_second_interrupt(self)
         finally:
+            if self._desk is not None:
+                self._desk.close()
             self.group.detach(self)
             self._selector.close()
 
@@ -142,10 +149,14 @@ class EventLoop:
             if due is not None and due <= 0:
                 self.sink.tick()
             self.policy.on_clock(self, now)
+            if self._desk is not None:
+                self._desk.on_clock(now)
 
     def _wait_time(self) -> float | None:
         moments = [when for when, _, _ in self._signals[:1]]
-        for moment in (self.deadline if not self.timed_out else None, self.policy.wake_at(), self._stall_due()):
+        held = self._held_since is not None
+        desk_due = self._desk.wake_at() if self._desk is not None else None
+        for moment in (self.deadline if not (self.timed_out or held) else None, self.policy.wake_at(), None if held else self._stall_due(), desk_due):
             if moment is not None:
                 moments.append(moment)
         now = time.monotonic()
@@ -158,7 +169,7 @@ class EventLoop:
         return max(0.0, min(moments) - now) if moments else None
 
     def _check_deadline(self, now: float) -> None:
-        if self.deadline is None or self.timed_out or now < self.deadline:
+        if self.deadline is None or self.timed_out or now < self.deadline or self._held_since is not None:
             return
         self.timed_out = True
         self.running_at_timeout = {rank: last_line(self.group.last_lines(rank)) for rank in self.running()}
@@ -171,7 +182,7 @@ class EventLoop:
 
     def _check_stall(self, now: float) -> None:
         due = self._stall_due()
-        if due is None or now < due or not self.running():
+        if due is None or now < due or not self.running() or self._held_since is not None:
             return
         self._stall_shown = True  # once per quiet spell: output re-arms it
         self.collect_stacks(self.running(), f"no output for {self.stall_report:g} s")
@@ -199,6 +210,10 @@ class EventLoop:
             self.sink.event(rank, event.value())
         elif kind is Kind.IMPORTED:
             warm.note(event.value())
+        elif kind in DEBUG_KINDS:
+            if self._desk is None:
+                self._desk = DebugDesk(self)
+            self._desk.on_event(rank, kind, event.value())
         elif kind is Kind.READY:
             self.policy.on_ready(self, rank, event.value())
         elif kind is Kind.RESULT or kind is Kind.ERROR:
@@ -210,9 +225,25 @@ class EventLoop:
     def exited(self, rank: int, returncode: int) -> None:
         """``rank``'s process ended with ``returncode`` (negative: that signal); output drained."""
         self.ended.add(rank)
+        if self._desk is not None:
+            self._desk.rank_ended(rank)
         outcome = self.outcomes.get(rank) or RankOutcome(rank)
         record_exit(outcome, returncode, self.stop_reason, self.group.was_signalled(rank), self.group.last_lines(rank))
         self.policy.on_exit(self, outcome)
+
+    def hold_clocks(self) -> None:
+        """A rank is in the debugger: ``timeout=`` and the stall report wait (idempotent)."""
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+
+    def release_clocks(self) -> None:
+        """No rank is in the debugger any more: the clocks go on, less the time they stood still."""
+        if self._held_since is None:
+            return
+        held, self._held_since = time.monotonic() - self._held_since, None
+        if self.deadline is not None:
+            self.deadline += held
+        self._last_activity += held
 
     def _active(self) -> None:
         self._last_activity = time.monotonic()

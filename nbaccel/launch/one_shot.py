@@ -22,6 +22,7 @@ from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
 from nbaccel.launch.seam import Launcher, LaunchPlan, Sink
 from nbaccel.rank.bootstrap import Job
+from nbaccel.wire import events
 
 # (delay from the start of a stop, signal): how each kind of stop escalates.
 STOP_PLANS = {
@@ -117,9 +118,23 @@ class OneShot(Policy):
 
     def _stop(self, loop: EventLoop, reason: Status, spare: int | None = None) -> None:
         if not loop.begin_stop(reason):
+            if spare is not None:
+                _let_go(loop, spare)
             return
         # Before any signal: where each rank still running is (after SIGINT its stack unwinds).
+        # A rank that raised waits for this (rank.bootstrap holds it), so a peer blocked in a
+        # collective is still there to answer, not dead of the failing rank's closed connection.
         loop.collect_stacks([rank for rank in loop.running() if rank != spare], _STOP_WHY[reason])
+        if spare is not None:
+            _let_go(loop, spare)
         loop.escalate(STOP_PLANS[reason], [rank for rank in loop.ranks if rank != spare])
         if spare is not None:
             loop.escalate([(_LINGER, signal.SIGKILL)], [spare], keep=True)
+
+
+def _let_go(loop: EventLoop, rank: int) -> None:
+    """Tell a rank held at its error that its peers' stacks are taken: it may exit."""
+    try:
+        loop.group.send(rank, events.Kind.ANSWER, events.dumps(None))
+    except OSError:  # it exited already
+        pass

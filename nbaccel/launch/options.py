@@ -48,6 +48,8 @@ class LaunchOptions:
         master_addr: the rendezvous address; one-node launches accept loopback only.
         stall_report: when no rank has printed or progressed for this many seconds, show each
             rank's stack once (nothing is stopped); None turns the watch off.
+        pdb: a rank that raises stays at its exception while the cell opens a post-mortem
+            prompt in its frame (docs/debugging.md); the launch fails once it is left.
     """
 
     num_processes: int | None = None
@@ -60,6 +62,7 @@ class LaunchOptions:
     use_port: int | None = None
     master_addr: str = "127.0.0.1"
     stall_report: float | None = DEFAULT_STALL_REPORT
+    pdb: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
@@ -68,6 +71,8 @@ class LaunchOptions:
             raise ValueError(f"num_processes must be a whole number >= 1, got {self.num_processes!r}.")
         check_timeout(self.timeout)
         check_timeout(self.stall_report, "stall_report")
+        if not isinstance(self.pdb, bool):
+            raise TypeError(f"pdb must be True or False, got {self.pdb!r}.")
         if not _is_whole(self.max_restarts, 0):
             raise ValueError(f"max_restarts must be a whole number >= 0, got {self.max_restarts!r}.")
         if self.gpus is not None:

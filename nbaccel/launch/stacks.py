@@ -37,6 +37,8 @@ _LIBRARY = re.compile(r"([/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|[/
 # Frames of nbaccel's engine in a rank: where the rank's own work starts (and, below it, the
 # kernel's stack that a fork inherits). User code is above them.
 _ENGINE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\](rank|pool|wire)[/\\][^"]+\.py"')
+# A rank at its debugger prompt (nbaccel.rank.debugger): said as such, at the user's line below them.
+_DEBUGGER_FRAME = re.compile(r'File "[^"]*(nbaccel[/\\]rank[/\\]debugger\.py|nbaccel[/\\]wire[/\\]events\.py|[/\\](pdb|bdb|cmd)\.py)"')
 _IDLE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\]pool[/\\]serve\.py", line \d+ in _next_command')
 _SETTLE = 0.05  # a whole-looking dump is complete when the file stops growing for this long
 _SETTLE_UNSURE = 0.3  # a dump whose end cannot be told (a frame line that was cut short, say)
@@ -58,6 +60,8 @@ def summarise(rank: int, dump: str) -> str:
     (a notebook cell's too), and cells are then named as IPython names them.
     """
     main = _main_thread(dump)
+    if _at_debugger_prompt(main):
+        return _at_prompt(rank, main)
     if _IDLE_FRAME.search(main):
         return f"rank {rank}: idle, waiting for the next cell"
     frames = list(_FRAME.finditer(without_launch_frames(main))) or list(_FRAME.finditer(main))[:1]
@@ -77,6 +81,21 @@ def summarise(rank: int, dump: str) -> str:
             return f"rank {rank}: in nbaccel, finishing its part (reporting, or leaving its process group)"
         return f"rank {rank}: in `{innermost.group('function')}` ({innermost.group('file')}, line {innermost.group('line')})"
     return f"rank {rank}: no Python stack (it may be exiting, or not yet started)"
+
+
+def _at_debugger_prompt(main: str) -> bool:
+    """The rank waits for the kernel's answer to its prompt (its innermost frame reads it)."""
+    innermost = _FRAME.search(main)
+    return innermost is not None and innermost.group("function") in ("_read_exactly", "read_frame") and "debugger.py" in main
+
+
+def _at_prompt(rank: int, main: str) -> str:
+    """'rank 1: at its debugger prompt, at Cell In[4], line 3' (or in a post-mortem)."""
+    below = summarise(rank, "\n".join(line for line in main.splitlines() if not _DEBUGGER_FRAME.search(line)))
+    place = below.split(": ", 1)[1] if ": " in below else ""
+    if "finishing its part" in place or "no Python stack" in place:  # a post-mortem: the frames are the traceback's
+        return f"rank {rank}: at its debugger prompt (post-mortem)"
+    return f"rank {rank}: at its debugger prompt, {place}"
 
 
 def _call_in(source: str, callee: str | None) -> str | None:

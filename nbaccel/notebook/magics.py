@@ -29,6 +29,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from nbaccel.errors import NbaccelError, PreflightError
+from nbaccel.launch.debug_desk import wants_post_mortem
 from nbaccel.launch.notices import say
 from nbaccel.launcher import notebook_launcher, start_workers
 from nbaccel.notebook import pool_commands as worker_commands
@@ -123,7 +124,8 @@ class DistributedMagics(Magics):
         output = output_mode(args)
         compiled = self._compile(line, cell, compile_pool_cell)
         self.workers.mode = "workers"
-        shown, values = run_cell(pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output)
+        pdb = wants_post_mortem(True if args.pdb else None)
+        shown, values = run_cell(pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output, pdb=pdb)
         if args.out is not None:
             self.shell.user_ns[args.out] = values
         return shown

@@ -136,6 +136,7 @@ CELL_OPTIONS: tuple[Option, ...] = (
     Option(("--max-restarts",), {"type": non_negative_int, "metavar": "K", "help": "relaunch every rank after a failure, up to K times (default: 0)"}, one_shot=True),
     Option(("--ranks",), {"type": rank_list, "metavar": "0,2", "help": "with running workers: run the cell on these ranks only; its result is the lowest one's value"}),
     Option(("-o", "--out"), {"type": variable_name, "metavar": "NAME", "help": "store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)"}),
+    Option(("--pdb",), {"action": "store_true", "help": "when a rank raises, open a post-mortem prompt in its frame in this cell (default: IPython's %%pdb)"}),
     Option(("--text",), {"action": "store_true", "help": "show output as text lines labelled [rank N]"}),
     Option(("--widgets",), {"action": "store_true", "help": "show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)"}),
 )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbaccel.notebook.cell import PoolCell
+from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
 
 if TYPE_CHECKING:
@@ -99,15 +100,17 @@ def run_cell(
     collect: bool,
     timeout: float | None = None,
     output: str | None = None,
+    pdb: bool = False,
 ) -> tuple[Any, list[Any] | dict[int, Any] | None]:
     """Run ``cell`` on ``ranks`` (every rank when None) of ``pool``.
 
     Returns the lowest selected rank's value (the cell's result) and, when ``collect``, every
     selected rank's value: a list by rank, or a dict rank -> value when ``ranks`` were chosen.
+    ``pdb``: a rank that raises opens its post-mortem in the cell first (``--pdb``, ``%pdb on``).
     """
     chosen = tuple(range(pool.num_processes)) if ranks is None else tuple(sorted(set(ranks)))
     task = CellTask(cell, chosen if collect else chosen[:1], exact=collect)
-    answers = pool.run_task(task, ranks=ranks, timeout=timeout, output=output, label=_label(cell.source))
+    answers = pool.run_task(PostMortemOnError(task) if pdb else task, ranks=ranks, timeout=timeout, output=output, label=_label(cell.source))
     by_rank = dict(enumerate(answers)) if ranks is None else answers
     shown = by_rank[chosen[0]]
     if not collect:

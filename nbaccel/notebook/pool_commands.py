@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from nbaccel.notebook import cluster_command
 from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "stacks", "push", "pull", "cluster")
+COMMANDS = ("start", "stop", "restart", "status", "stacks", "debug", "push", "pull", "cluster")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -37,6 +37,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed pull model_state --rank 0 -o weights
     %distributed status
     %distributed stacks
+    %distributed debug --rank 1
     %distributed stop
     %distributed restart --wait-for 2                 (a pool across nodes, after one was lost)
     %distributed cluster 10.0.0.1 --via ssh --hosts node1 node2   (agents on several machines)
@@ -68,6 +69,8 @@ def parser() -> MagicArgumentParser:
     restart.add_argument("--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start")
     commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
+    debug = commands.add_parser("debug", help="post-mortem of a rank's last failed cell, in its frames (prompt in this cell; q ends it)")
+    debug.add_argument("--rank", type=non_negative_int, default=None, metavar="R", help="the rank to look at (default: the rank that failed last)")
     _add_transfers(commands)
     cluster_command.add_parser(commands)
     return main

@@ -164,6 +164,15 @@ class NotebookWorkers:
         for stack in stacks:
             print(f"\n── rank {stack.rank} ──\n{stack.text.rstrip()}")
 
+    def debug(self, args: argparse.Namespace) -> None:
+        pool = self.require()
+        if args.rank is not None and args.rank >= pool.num_processes:
+            raise UsageError(f"%distributed debug --rank {args.rank}: the workers are ranks 0..{pool.num_processes - 1}.")
+        try:
+            pool.debug(rank=args.rank)
+        except LookupError as error:
+            raise UsageError(f"%distributed debug: {error}") from None
+
     def push(self, names: list[str]) -> None:
         pool = self.require()
         missing = [name for name in names if name not in self.user_ns]

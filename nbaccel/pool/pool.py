@@ -33,6 +33,7 @@ from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task
 from nbaccel.pool.tasks import Assign, CallFunction, Fetch, RankStatus
 from nbaccel.rank.bootstrap import Job
+from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.wire import rich
 from nbaccel.wire.events import Kind
 from nbaccel.wire.portable import Sourced
@@ -75,6 +76,7 @@ class WorkerPool:
         self._group: RankGroup | None = None
         self.devices: list[str] = []
         self._last_task = ""
+        self.last_failed_rank: int | None = None  # the root cause of the last task that failed
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -209,6 +211,23 @@ class WorkerPool:
         values = {o.rank: o.value for o in loop.outcome_list()}
         return [values[r] for r in chosen] if ranks is None else values
 
+    def debug(self, rank: int | None = None, output: str | Sink | None = None) -> None:
+        """Open the post-mortem of ``rank``'s last failed cell, in its frames (``%distributed debug``).
+
+        ``rank`` defaults to the rank that failed last. The prompt is the cell's stdin, as at a
+        breakpoint (docs/debugging.md); ``q`` or ``c`` ends it; the namespaces are kept.
+
+        Example::
+
+            pool.run(lambda: 1 / 0)   # RankFailedError: rank 0 failed: ZeroDivisionError ...
+            pool.debug()              # (Pdb) rank 0> p locals() ...
+        """
+        chosen = self.last_failed_rank if rank is None else rank
+        if chosen is None:
+            raise LookupError("no cell has failed on these workers yet: there is nothing to debug (pass rank=N to look at a rank's last failure).")
+        if not self.run_task(DebugLastFailure(), ranks=[chosen], output=output, label="debug", remember=False)[chosen]:
+            raise LookupError(f"rank {chosen} has no failed cell to debug: its cells have not raised since the workers started.")
+
     # -- internals -------------------------------------------------------------------------------
 
     def _require_group(self) -> RankGroup:
@@ -250,6 +269,7 @@ class WorkerPool:
             raise LaunchTimeoutError(timeout or 0.0, loop.running_at_timeout, outcomes, what="the cell on the workers")
         root = root_cause(outcomes)
         if root is not None:
+            self.last_failed_rank = root.rank
             raise RankFailedError(root, outcomes)
 
     def _tear_down(self, loop: EventLoop, policy: Task) -> None:

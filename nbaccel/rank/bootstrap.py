@@ -12,8 +12,10 @@ Example (what ForkStarter does)::
 
 from __future__ import annotations
 
+import bdb
 import faulthandler
 import os
+import select
 import signal
 import sys
 import time
@@ -22,13 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from nbaccel.rank import accelerate_world, cpu_threads, heavy_imports, stack_dump
+from nbaccel.rank import accelerate_world, cpu_threads, debugger, heavy_imports, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events
 
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
 _EXIT_INTERRUPTED = 130
+_EXIT_RAISED = 1
+# How long a rank that raised stays (its process group's connections open) while the kernel takes
+# its peers' stacks: without it a peer blocked in a collective dies of "connection closed" first.
+_HOLD_FOR_STACKS = 2.0
 _PR_SET_PDEATHSIG = 1
 # Resolved in the kernel, once: a lookup in every rank would cost it a dlsym and dirty pages.
 _prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
@@ -72,6 +78,7 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")))
         accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
+        debugger.install(rank, ends.channel, ends.commands)
         exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
@@ -137,7 +144,15 @@ def execute(job: Job, ends: ChildEnds) -> int:
     code = call_and_report(lambda: job.function(*args), ends.channel)
     if code == 0:
         _leave_process_group(ends.commands)
+    elif code == _EXIT_RAISED:
+        _hold_for_stacks(ends.commands)
     return code
+
+
+def _hold_for_stacks(commands: int | None) -> None:
+    """Wait (bounded) for the kernel's word that the peers' stacks are taken."""
+    if commands is not None:
+        select.select([commands], [], [], _HOLD_FOR_STACKS)
 
 
 def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
@@ -158,8 +173,9 @@ def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
         _send_error(channel_fd, exc)
         return _EXIT_INTERRUPTED
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported
+        debugger.remember_failure(exc)
         _send_error(channel_fd, exc)
-        return 1
+        return _EXIT_RAISED
     try:
         payload = events.dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure
@@ -184,10 +200,11 @@ def _send_error(channel_fd: int, exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("nbaccel."):
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
+    message = "quit in the debugger" if isinstance(exc, bdb.BdbQuit) else str(exc)
     events.send(
         channel_fd,
         events.Kind.ERROR,
-        {"type_name": type(exc).__qualname__, "message": str(exc), "traceback": text, "timestamp": time.time()},
+        {"type_name": type(exc).__qualname__, "message": message, "traceback": text, "timestamp": time.time()},
     )
 
 

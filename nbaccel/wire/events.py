@@ -60,6 +60,11 @@ class Kind(enum.IntEnum):
     IMPORTED = 7  # heavy modules the rank had to import (nbaccel.launch.warm), for the kernel to preload
     # Output lines and stacks are no kinds: lines are raw fds 1/2 locally and the agent's `lines`
     # messages remotely (nbaccel.agent.protocol); stacks are files written by faulthandler.
+    # 8 and 9 were those kinds once: left unused, so an old node's frame is an unknown kind.
+    PROMPT = 10  # a rank's debugger waits for a line: {prompt, text, where, header} (nbaccel.rank.debugger)
+    DEBUG_OUTPUT = 11  # what a rank's debugger printed after its last prompt: {text}
+    ANSWER = 12  # kernel to rank: the line typed at a PROMPT ({line}, {skip: reason}), or None: go on
+    DEBUG_LEFT = 13  # a rank's debugger session ended (c, n, q, end of post-mortem): its turn may pass
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,31 @@ class FrameDecoder:
     def pending(self) -> int:
         """Bytes of an incomplete frame still waiting for the rest."""
         return len(self._buffer)
+
+
+def read_frame(fd: int) -> Event | None:
+    """Block until one whole frame arrives on ``fd`` and return it, reading no byte past it (the
+    rest of the stream is another reader's); None at end of file."""
+    header = _read_exactly(fd, _HEADER.size)
+    if header is None:
+        return None
+    version, kind, length = _HEADER.unpack(header)
+    if version != VERSION:
+        raise FrameError(f"event frame of format version {version}, but this nbaccel reads version {VERSION}; run the same nbaccel on both ends.")
+    payload = _read_exactly(fd, length) if length else b""
+    if payload is None:
+        return None
+    return Event(decode_kind(kind), payload)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = os.read(fd, size - len(chunks))
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
 
 
 def decode_kind(code: int) -> Kind:

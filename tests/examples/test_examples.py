@@ -63,3 +63,22 @@ def _all_text(notebook: nbformat.NotebookNode) -> str:
             parts.append(output.get("text", ""))
             parts.append(output.get("data", {}).get("text/plain", ""))
     return "".join(parts)
+
+
+def test_a_breakpoint_and_pdb_under_nbclient_do_not_hang(tmp_path: Path) -> None:
+    """nbclient allows no stdin: a breakpoint and a post-mortem each say so in one line and go on."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("%load_ext nbaccel"),
+        nbformat.v4.new_code_cell("%%distributed -n 2 -o both\nx = state.process_index\nif x == 1:\n    breakpoint()\nx + 1"),
+        nbformat.v4.new_code_cell("%%distributed -n 2 --pdb\nif state.process_index == 1:\n    raise ValueError('no stdin here')", metadata={"tags": ["raises-exception"]}),
+        nbformat.v4.new_code_cell("print('both', both)"),
+    ]
+    client = NotebookClient(notebook, timeout=round(scaled(60)), kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    text = _all_text(notebook)
+    assert "nbaccel: rank 1 passed a breakpoint at Cell In[2], line 5 without stopping" in text
+    assert "nbaccel: rank 1 passed a post-mortem at Cell In[3], line 3 without stopping" in text
+    (error,) = [o for o in notebook.cells[2].outputs if o.output_type == "error"]
+    assert "rank 1 failed: ValueError: no stdin here" in error.evalue
+    assert "both [1, 2]" in text

@@ -139,3 +139,40 @@ def test_idle_workers_say_they_wait_for_a_cell() -> None:
         while (summaries := [s.summary for s in pool.stacks()]) != idle:
             assert time.monotonic() < deadline, summaries
             assert all(s.startswith(f"rank {r}: ") for r, s in enumerate(summaries))
+
+
+def raise_on_rank_one_while_rank_zero_waits_in_all_reduce() -> None:
+    import torch
+    import torch.distributed as dist
+
+    state = nbaccel.PartialState()
+    dist.barrier()  # both ranks are in the group
+    if state.process_index == 1:
+        time.sleep(0.5)  # rank 0 has reached all_reduce (on a loaded machine too), where it blocks
+        raise ValueError("boom")
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_a_peer_blocked_in_a_collective_is_always_reported_where_it_was(attempt: int) -> None:
+    """The failing rank is held at its error until its peers' stacks are taken, so rank 0 does not
+    die first of rank 1's closed connection (which left only "rank 0: stopped")."""
+    with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: boom") as caught:
+        nbaccel.notebook_launcher(raise_on_rank_one_while_rank_zero_waits_in_all_reduce, num_processes=2)
+    assert f"Where the other ranks were when they were stopped:\n  rank 0: in `dist.all_reduce` at {__file__}" in str(caught.value)
+    assert psutil.Process().children() == []
+
+
+def test_a_rank_at_its_debugger_prompt_is_said_to_be_there() -> None:
+    dump = (
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{LIBRARY}/nbaccel/wire/events.py", line 190 in _read_exactly\n'
+        f'  File "{LIBRARY}/nbaccel/rank/debugger.py", line 60 in ask\n'
+        '  File "/usr/lib/python3.11/cmd.py", line 126 in cmdloop\n'
+        '  File "/usr/lib/python3.11/bdb.py", line 90 in dispatch_line\n'
+        '  File "/home/me/train.py", line 7 in step\n'
+        f'  File "{LIBRARY}/nbaccel/rank/bootstrap.py", line 134 in execute\n'
+    )
+    assert summarise(1, dump) == "rank 1: at its debugger prompt, at /home/me/train.py, line 7 (in step)"
+    post_mortem = dump.replace('  File "/home/me/train.py", line 7 in step\n', "")
+    assert summarise(1, post_mortem) == "rank 1: at its debugger prompt (post-mortem)"
