@@ -37,7 +37,6 @@ with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as out:
 NOT_GIVEN = {
     "TORCHELASTIC_ERROR_FILE",  # errors travel on the rank's channel
     "TORCHELASTIC_SIGNALS_TO_HANDLE",  # set on the agent, for the agent's own signal handling
-    "OMP_NUM_THREADS",  # nbaccel shares the cores by torch.set_num_threads (rank/cpu_threads.py)
     "PYTHONUNBUFFERED",  # not torchrun's: the test's own
 }
 
