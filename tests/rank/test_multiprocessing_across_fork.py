@@ -113,7 +113,8 @@ def register_writer(folder: str) -> int:
     return os.getpid()
 
 
-def test_an_atexit_handler_a_rank_registers_runs_and_the_kernels_never_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_an_atexit_handler_a_rank_registers_runs_and_the_kernels_never_does(tmp_path: Path, start_method: str) -> None:
     kernel_marks = tmp_path / "kernel"
     kernel_marks.mkdir()
 
@@ -122,7 +123,7 @@ def test_an_atexit_handler_a_rank_registers_runs_and_the_kernels_never_does(tmp_
 
     atexit.register(kernel_side)
     try:
-        pids = nbaccel.notebook_launcher(register_writer, (str(tmp_path),), num_processes=2, output="text", timeout=scaled(60))
+        pids = nbaccel.notebook_launcher(register_writer, (str(tmp_path),), num_processes=2, start_method=start_method, output="text", timeout=scaled(60))
     finally:
         atexit.unregister(kernel_side)
     assert len(set(pids)) == 2
