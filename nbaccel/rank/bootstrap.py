@@ -75,12 +75,12 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
         _forget_kernel_state()
         exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
-        process_identity.become_rank()  # no interactive shell left for libraries to see
         _pin_device(env)
         cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")))
         accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
+        process_identity.become_rank()  # no interactive shell left for libraries to see (after the hooks' own)
         exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack

@@ -146,7 +146,7 @@ def _integrate_inline_figures(backend_inline: Any) -> None:
 
     backend = str(matplotlib.rcParams._get("backend"))
     if backend in ("inline", "module://matplotlib_inline.backend_inline"):
-        activate_matplotlib(backend)
+        activate_matplotlib(backend)  # type: ignore[no-untyped-call]
         configure(shell_class.instance(), backend)
 
 

@@ -54,9 +54,8 @@ def start(parent_pid: int) -> None:
 def _started_by_multiprocessing(parent_pid: int) -> bool:
     """True when multiprocessing itself forked this process from ``parent_pid`` (a node agent's
     rank: torch elastic's ``start_processes``), so its after-fork hooks already ran."""
-    import multiprocessing
-
-    return getattr(multiprocessing.current_process(), "_parent_pid", None) == parent_pid
+    current = sys.modules["multiprocessing"].current_process()
+    return getattr(current, "_parent_pid", None) == parent_pid
 
 
 def _become_multiprocessing_child() -> None:

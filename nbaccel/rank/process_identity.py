@@ -24,7 +24,9 @@ Example (what ``run_rank`` does in every rank)::
 
 from __future__ import annotations
 
+import _sitebuiltins
 import builtins
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -36,9 +38,24 @@ from nbaccel.rank.import_hooks import when_imported
 _LIGHTNING_PACKAGES = ("lightning", "lightning_fabric", "pytorch_lightning")
 _LIGHTNING_FLAG = "_IS_INTERACTIVE"
 
+# Made in the kernel, inherited by every fork: a rank then builds nothing (see prepare()).
+_PYTHON_EXIT = {name: _sitebuiltins.Quitter(name, "Ctrl-D (i.e. EOF)") for name in ("exit", "quit")}
+_found: dict[str, Any] = {"modules": None, "flagged": ()}
+
 
 def become_rank() -> None:
-    """Drop what the kernel's interactive shell left in this process (see the module's doc)."""
+    """Drop what the kernel's interactive shell left in this process (see the module's doc).
+
+    Call it after ``display_hooks.install``: a rank that imports IPython without a shell gets a
+    quiet one for display(), and IPython's shell sets ``sys.ps1`` itself when it is made.
+    """
+    _forget_shell()
+    when_imported("IPython", _after_ipython)  # now if the kernel imported it; else at import
+    if _found["flagged"]:
+        correct_lightning_flags(_found["flagged"])
+
+
+def _forget_shell() -> None:
     for name in ("ps1", "ps2"):
         if hasattr(sys, name):
             delattr(sys, name)
@@ -46,9 +63,28 @@ def become_rank() -> None:
     main = sys.modules.get("__main__")
     if main is not None:
         _forget_shell_names(main.__dict__)
-    when_imported("IPython", _silence_get_ipython)  # now if the kernel imported it; else at import
-    if any(name in sys.modules for name in _LIGHTNING_PACKAGES):
-        correct_lightning_flags()
+
+
+def _after_ipython(ipython_module: Any) -> None:
+    _silence_get_ipython(ipython_module)
+    _forget_shell()  # again: a shell made for display() at this import set its prompts
+
+
+def prepare() -> None:
+    """Kernel side, before a fork: which modules hold Lightning's flag (``os.register_at_fork``).
+
+    A rank scanning its thousands of inherited modules would touch (and so copy) their pages:
+    70 ms a rank once lightning was imported. The kernel scans again only when modules were
+    imported since its last scan.
+
+    Example:
+        >>> prepare()  # lightning not imported here: no module to correct in the ranks
+    """
+    modules = (len(sys.modules), next(reversed(sys.modules), None))  # what changes when one is imported
+    if modules != _found["modules"]:
+        _found["modules"] = modules
+        imported = any(name in sys.modules for name in _LIGHTNING_PACKAGES)
+        _found["flagged"] = tuple(_modules_with_flag()) if imported else ()
 
 
 def interactive() -> bool:
@@ -61,12 +97,12 @@ def interactive() -> bool:
     return hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
-def correct_lightning_flags() -> list[str]:
+def correct_lightning_flags(names: tuple[str, ...] | None = None) -> list[str]:
     """Recompute Lightning's import-time ``_IS_INTERACTIVE`` in each module holding a copy.
 
-    Returns the modules corrected. Lightning's launchers and connectors read their own copy,
-    bound when the notebook imported lightning; correcting only the defining module would
-    leave those.
+    ``names``: the modules to look at (default: every module of Lightning's packages). Returns
+    those corrected. Lightning's launchers and connectors read their own copy, bound when the
+    notebook imported lightning; correcting only the defining module would leave those.
 
     Example:
         >>> correct_lightning_flags()  # lightning not imported here: nothing to correct
@@ -74,12 +110,20 @@ def correct_lightning_flags() -> list[str]:
     """
     value = interactive()
     corrected = []
-    for name, module in list(sys.modules.items()):
-        in_lightning = name.partition(".")[0] in _LIGHTNING_PACKAGES and isinstance(module, ModuleType)
-        if in_lightning and module.__dict__.get(_LIGHTNING_FLAG, value) is not value:
+    for name in _modules_with_flag() if names is None else names:
+        module = sys.modules.get(name)
+        if module is not None and module.__dict__.get(_LIGHTNING_FLAG, value) is not value:
             setattr(module, _LIGHTNING_FLAG, value)
             corrected.append(name)
     return corrected
+
+
+def _modules_with_flag() -> list[str]:
+    return [
+        name
+        for name, module in list(sys.modules.items())
+        if name.partition(".")[0] in _LIGHTNING_PACKAGES and isinstance(module, ModuleType) and _LIGHTNING_FLAG in module.__dict__
+    ]
 
 
 def _forget_shell_names(namespace: dict[str, Any]) -> None:
@@ -103,11 +147,9 @@ def _from_ipython(value: Any) -> bool:
 def _restore_python_exit() -> None:
     """``exit`` / ``quit`` as ``site`` defines them (IPython's builtin trap hides them while a
     cell runs); a rank calling ``exit()`` then ends with SystemExit, as under torchrun."""
-    import _sitebuiltins
-
-    for name in ("exit", "quit"):
+    for name, quitter in _PYTHON_EXIT.items():
         if not isinstance(builtins.__dict__.get(name), _sitebuiltins.Quitter):
-            setattr(builtins, name, _sitebuiltins.Quitter(name, "Ctrl-D (i.e. EOF)"))
+            setattr(builtins, name, quitter)
 
 
 def _no_shell() -> None:
@@ -125,3 +167,6 @@ def _silence_get_ipython(ipython_module: Any) -> None:
     function = getattr(original, "get_ipython", None)
     if function is not None and function.__code__ is not _no_shell.__code__:
         function.__code__ = _no_shell.__code__
+
+
+os.register_at_fork(before=prepare)
