@@ -141,6 +141,7 @@ def shell_seen():
     return {
         "ps1": hasattr(sys, "ps1"), "builtin": hasattr(builtins, "get_ipython"), "main": "get_ipython" in vars(sys.modules["__main__"]),
         "ipython": IPython.get_ipython() is None, "flag": connector._IS_INTERACTIVE, "elastic": dist.is_torchelastic_launched(),
+        "exit": [type(exit).__module__, "exit" in vars(sys.modules["__main__"])],  # Python's exit(): SystemExit, as in a script
     }
 
 from nbaccel.testing import CollectingSink
@@ -155,7 +156,7 @@ def test_a_rank_sees_no_interactive_shell_but_display_still_reaches_the_kernel(k
     run = kernel.execute(SHELL_SEEN, timeout=scaled(60))
     assert run.status == "ok", (run.error, run.stdout[-3000:])
     got = json.loads(run.stdout.splitlines()[-1])
-    expected = {"ps1": False, "builtin": False, "main": False, "ipython": True, "flag": False, "elastic": True}
+    expected = {"ps1": False, "builtin": False, "main": False, "ipython": True, "flag": False, "elastic": True, "exit": ["_sitebuiltins", False]}
     assert got["seen"] == [expected, expected]
     assert got["shown"] == ["<b>still shown</b>", "<b>still shown</b>"]
     assert got["kernel"] == [True, True]  # the kernel's own shell is untouched
