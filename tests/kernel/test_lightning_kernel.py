@@ -87,7 +87,7 @@ def under_torchrun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("torchrun")
     script = folder / "train.py"
     script.write_text(UNDER_TORCHRUN)
-    done = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", str(script), str(folder)], capture_output=True, text=True, timeout=scaled(240))
+    done = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", str(script), str(folder)], check=False, capture_output=True, text=True, timeout=scaled(240))
     assert done.returncode == 0, done.stderr[-3000:]
     params: dict[str, Any] = json.loads((folder / "params.json").read_text())
     return params
@@ -105,10 +105,8 @@ def _value(kernel: Kernel, expression: str) -> Any:
 
 
 def _close(ours: Any, theirs: Any) -> bool:
-    """Equal parameters (up to float32 rounding: the kernel's ranks may use other thread counts)."""
-    import torch
-
-    return all(torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6) for a, b in zip(ours, theirs, strict=True))
+    """The same parameters, to the last bit (same seeds, same data, same gloo all-reduces)."""
+    return bool(ours == theirs)
 
 
 def test_fabric_under_notebook_launcher_trains_as_under_torchrun(kernel: Kernel, under_torchrun: dict[str, Any]) -> None:
