@@ -100,7 +100,7 @@ def _finish(exit_code: int) -> NoReturn:
     except BaseException:  # noqa: BLE001 - the exit code is decided: an error in a handler must not change it
         try:
             traceback.print_exc()
-        except BaseException:  # noqa: BLE001, S110 - stderr itself may be gone
+        except BaseException:  # noqa: BLE001 - stderr itself may be gone
             pass
     finally:
         flush_all()
