@@ -311,7 +311,7 @@ class ClusterRankGroup:
 def _spec(launch: str, plan: LaunchPlan, attempt: int, slot: NodeSlot, nnodes: int, world: int, master_addr: str, port: int) -> dict[str, Any]:
     return {
         "launch": launch,
-        "run_id": f"nbaccel-{launch}-{attempt}",
+        "run_id": plan.run_id,  # the same across restarts, as torchrun's rendezvous id
         "attempt": attempt,
         "max_restarts": plan.max_restarts,
         "node_rank": slot.node_rank,

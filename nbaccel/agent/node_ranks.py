@@ -55,6 +55,8 @@ def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> di
         local_rank=local_rank,
         local_world_size=spec["nproc"],
         node_rank=spec["node_rank"],
+        num_nodes=spec["nnodes"],
+        run_id=spec["run_id"],
         mixed_precision=spec["mixed_precision"],
         restart_count=spec["attempt"],
         max_restarts=spec["max_restarts"],
@@ -67,11 +69,6 @@ def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> di
         else:  # unknown (an IPv6 link, say): loopback would be wrong across nodes; let gloo choose
             env.pop(name, None)
     env.update(
-        TORCHELASTIC_RUN_ID=spec["run_id"],
-        ROLE_NAME="default",
-        ROLE_RANK=env["RANK"],
-        ROLE_WORLD_SIZE=env["WORLD_SIZE"],
-        GROUP_WORLD_SIZE=str(spec["nnodes"]),
         NBACCEL_NODE_RANK=str(spec["node_rank"]),
         NBACCEL_NUM_NODES=str(spec["nnodes"]),
     )

@@ -234,5 +234,6 @@ def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, at
         mixed_precision=plan.mixed_precision,
         restart_count=attempt,
         max_restarts=plan.max_restarts,
+        run_id=plan.run_id,
         visible_gpus=plan.gpus,
     )

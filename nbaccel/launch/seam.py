@@ -19,9 +19,10 @@ Example::
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from nbaccel.rank.bootstrap import ChildEnds, Job
@@ -47,6 +48,8 @@ class LaunchPlan:
     timeout: float | None = None  # seconds from the call
     deadline: float | None = None  # time.monotonic() when ``timeout`` runs out
     stall_report: float | None = None  # seconds without output before each rank's stack is shown
+    # TORCHELASTIC_RUN_ID of every rank: one per launch (or pool), kept across restarts as torchrun keeps its rendezvous id
+    run_id: str = field(default_factory=lambda: f"nbaccel-{uuid.uuid4().hex[:12]}")
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task
 from nbaccel.pool.tasks import Assign, CallFunction, Fetch, RankStatus
+from nbaccel.rank import exit_hooks
 from nbaccel.rank.bootstrap import Job
 from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.wire import rich
@@ -112,8 +113,9 @@ class WorkerPool:
         return self.launcher.start_method
 
     def stop(self, graceful: bool = True) -> None:
-        """Tell every rank to leave (they tear down their process group), give them up to 2 s
-        together, then SIGKILL whatever is left; every rank is reaped. Nothing outlives this."""
+        """Tell every rank to leave (they tear down their process group and run their own atexit
+        handlers), give them up to 2 s together plus the handlers' bound (``NBACCEL_EXIT_TIMEOUT``),
+        then SIGKILL whatever is left; every rank is reaped. Nothing outlives this."""
         group, self._group = self._group, None
         if group is None:
             return
@@ -125,7 +127,7 @@ class WorkerPool:
                         group.send(rank, Kind.STOP, b"")
                     except OSError:
                         pass
-                wait_until_ended(group, grace=2.0)
+                wait_until_ended(group, grace=2.0 + exit_hooks.timeout())  # returns as soon as all ended
         finally:
             group.close()  # also after an interrupt while waiting: nothing outlives this
 

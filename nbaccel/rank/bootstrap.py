@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from nbaccel.rank import accelerate_world, cpu_threads, debugger, heavy_imports, stack_dump
+from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, process_identity, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events
@@ -74,17 +74,33 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         os.environ.update(env)
         stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
         _forget_kernel_state()
+        exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
         _pin_device(env)
         cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")))
         accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
+        process_identity.become_rank()  # no interactive shell left for libraries to see (after the hooks' own)
         exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:
             traceback.print_exc()
         except BaseException:  # noqa: BLE001 - stderr itself may be gone: the exit code still tells
+            pass
+    finally:
+        _finish(exit_code)
+
+
+def _finish(exit_code: int) -> NoReturn:
+    """The rank's own exit handlers (bounded), then out, without the kernel's."""
+    try:
+        flush_all()
+        exit_hooks.finish(exit_code)
+    except BaseException:  # noqa: BLE001 - the exit code is decided: an error in a handler must not change it
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001 - stderr itself may be gone
             pass
     finally:
         flush_all()

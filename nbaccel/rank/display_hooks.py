@@ -44,6 +44,7 @@ def install(channel_fd: int) -> None:
     events.send_bytes(channel_fd, events.Kind.RICH, started_payload(os.getpid()))
     when_imported("comm", _silence_comms)
     when_imported("IPython", _publish_displays)
+    when_imported("matplotlib_inline.backend_inline", _integrate_inline_figures)
     rank_progress.install(channel_fd)
 
 
@@ -127,6 +128,26 @@ def _publish_displays(ipython_module: Any) -> None:
     # A plain attribute of the shell (not a trait), so any object with the publisher's methods
     # will do: IPython.display's display(), update_display() and clear_output() call only these.
     shell_class.instance().display_pub = _PUBLISHER
+
+
+def _integrate_inline_figures(backend_inline: Any) -> None:
+    """Register the inline backend's figure formats on the rank's shell, if its import did not.
+
+    The backend does it at import only when ``get_ipython()`` answers, which it does not in a
+    rank (``process_identity``): a rank that is first to import pyplot would show its figures
+    as ``<Figure size ...>``. The shell object is still there, only for display().
+    """
+    configure = getattr(backend_inline, "configure_inline_support", None)
+    shell_class = sys.modules["IPython"].InteractiveShell
+    if configure is None or getattr(configure, "current_backend", "unset") != "unset" or not shell_class.initialized():
+        return  # done already (the kernel imported it first), or nothing to configure
+    import matplotlib
+    from IPython.core.pylabtools import activate_matplotlib
+
+    backend = str(matplotlib.rcParams._get("backend"))
+    if backend in ("inline", "module://matplotlib_inline.backend_inline"):
+        activate_matplotlib(backend)  # type: ignore[no-untyped-call]
+        configure(shell_class.instance(), backend)
 
 
 def _start_quiet_shell(shell_class: Any) -> None:

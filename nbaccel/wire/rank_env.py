@@ -7,6 +7,8 @@ Example:
     >>> env = rank_environment(rank=1, world_size=2, master_port=29511, device_type="cpu")
     >>> env["RANK"], env["WORLD_SIZE"], env["NBACCEL_FORK_LAUNCHED"]
     ('1', '2', '1')
+    >>> sorted(set(TORCHRUN_VARIABLES) - set(env))  # torchrun's whole worker contract is there
+    []
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda" or "cpu": what the launcher chose 
 MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Accelerator() sees it too
 ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
 ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
+
+# What torch elastic's LocalElasticAgent._start_workers gives every worker (torch 2.13,
+# torch/distributed/elastic/agent/server/local_elastic_agent.py), so code written for torchrun
+# (``is_torchelastic_launched()``, Lightning's TorchElasticEnvironment) sees a torchrun rank.
+# Not given: TORCHELASTIC_ERROR_FILE (errors travel on the rank's channel instead) and the
+# watchdog's file (nbaccel watches its ranks itself).
+TORCHRUN_VARIABLES = (
+    "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+ROLE_NAME = "default"  # torchrun's role for its workers (--role)
 
 MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]
 MIXED_PRECISIONS: tuple[str, ...] = get_args(MixedPrecision)
@@ -47,6 +62,8 @@ def rank_environment(
     local_rank: int | None = None,
     local_world_size: int | None = None,
     node_rank: int = 0,
+    num_nodes: int = 1,
+    run_id: str = "none",
     master_addr: str = "127.0.0.1",
     mixed_precision: str = "no",
     restart_count: int = 0,
@@ -57,7 +74,9 @@ def rank_environment(
     """Environment variables for one rank of a launch (only the ones nbaccel sets).
 
     ``inherited`` is the environment the rank starts from (default: this process's); variables
-    the user already set there for the socket interface are respected.
+    the user already set there for the socket interface are respected. ``run_id`` is one name
+    for the whole launch, the same on every rank and across restarts, as torchrun's ``--rdzv-id``
+    (whose default is also "none").
     """
     inherited = os.environ if inherited is None else inherited
     local_rank = rank if local_rank is None else local_rank
@@ -68,6 +87,10 @@ def rank_environment(
         "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(local_world_size),
         "GROUP_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(num_nodes),
+        "ROLE_RANK": str(rank),  # one role (every worker does the same job): as RANK
+        "ROLE_NAME": ROLE_NAME,
+        "ROLE_WORLD_SIZE": str(world_size),
         "NODE_RANK": str(node_rank),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
@@ -76,6 +99,9 @@ def rank_environment(
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        # torchrun turns NCCL's async error handling on unless the user chose otherwise.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": inherited.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         FORK_LAUNCHED: "1",
         ACCELERATE_FORK_LAUNCHED: "1",
         DEVICE_TYPE: device_type,

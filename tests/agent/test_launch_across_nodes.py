@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,9 @@ def test_values_come_back_in_global_rank_order(two_nodes: Cluster) -> None:
 def _environment() -> dict[str, str]:
     import os
 
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GLOO_SOCKET_IFNAME")
+    from nbaccel.wire.rank_env import TORCHRUN_VARIABLES
+
+    names = ("NODE_RANK", "GLOO_SOCKET_IFNAME", *TORCHRUN_VARIABLES)
     return {name: os.environ[name] for name in names}
 
 
@@ -43,6 +46,22 @@ def test_ranks_see_the_environment_torchrun_sets(two_nodes: Cluster) -> None:
     assert [(e["RANK"], e["LOCAL_RANK"], e["NODE_RANK"], e["GROUP_RANK"]) for e in envs] == [("0", "0", "0", "0"), ("1", "1", "0", "0"), ("2", "0", "1", "1"), ("3", "1", "1", "1")]
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["GLOO_SOCKET_IFNAME"]) for e in envs} == {("4", "2", "127.0.0.1", "lo")}
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and len({e["TORCHELASTIC_RUN_ID"] for e in envs}) == 1
+    assert [(e["ROLE_RANK"], e["ROLE_NAME"], e["ROLE_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs] == [(str(r), "default", "4", "2") for r in range(4)]
+
+
+def _register_exit_file(folder: str) -> int:
+    import atexit
+    import multiprocessing
+    import os
+    import pathlib
+
+    atexit.register(pathlib.Path(folder, os.environ["RANK"]).write_text, "closed")
+    return len(multiprocessing.active_children())
+
+
+def test_ranks_on_every_node_run_their_own_atexit_handlers(two_nodes: Cluster, tmp_path: Path) -> None:
+    assert notebook_launcher(_register_exit_file, (str(tmp_path),), cluster=two_nodes, output=CollectingSink()) == [0] * 4
+    assert sorted(p.name for p in tmp_path.iterdir() if p.read_text() == "closed") == ["0", "1", "2", "3"]
 
 
 def _state() -> tuple[int, int, int, bool, list[int]]:
@@ -137,10 +156,12 @@ def _fail_first_attempt() -> str:
     return os.environ["TORCHELASTIC_RUN_ID"]
 
 
-def test_max_restarts_relaunches_on_every_node_with_a_fresh_run(two_nodes: Cluster) -> None:
+def test_max_restarts_relaunches_on_every_node_under_the_same_run_id(two_nodes: Cluster) -> None:
     sink = CollectingSink()
     values = notebook_launcher(_fail_first_attempt, cluster=two_nodes, max_restarts=1, output=sink)
-    assert sink.attempts == 2 and len(set(values)) == 1 and values[0].endswith("-1")
+    # torchrun keeps its rendezvous id across restarts (TORCHELASTIC_RESTART_COUNT tells them apart)
+    assert sink.attempts == 2 and len(set(values)) == 1 and values[0].startswith("nbaccel-")
+    assert notebook_launcher(_fail_first_attempt, cluster=two_nodes, max_restarts=1, output=CollectingSink()) != values
 
 
 def test_an_interrupt_stops_every_node_and_the_next_launch_works(two_nodes: Cluster) -> None:

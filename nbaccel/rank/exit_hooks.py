@@ -1,0 +1,150 @@
+"""multiprocessing and atexit across the fork: a rank starts and ends like a process of its own.
+
+A bare ``os.fork`` skips what ``multiprocessing`` does in a child it forks
+(``multiprocessing/popen_fork.py`` -> ``BaseProcess._bootstrap``), and ``os._exit`` skips what
+any Python process does at its end. Code written for multiprocessing then loses data: a queue
+made in the notebook believes the kernel's feeder thread is its own (``qsize()`` counts items
+``get()`` never sees), and items a rank put last are still in its buffer when it exits.
+
+``start`` (right after the fork) does what ``_bootstrap`` does: a fresh process table (no
+children, counter from 1), the after-fork hooks (queues reset their feeder, locks their owner,
+Manager proxies reconnect), an empty finalizer registry; and it sets the kernel's ``atexit``
+handlers aside (the kernel runs them itself; a rank running them would, say, save the
+notebook's history from a copy of it). ``finish`` (before ``os._exit``) runs the ``atexit``
+handlers the rank's code registered (loggers, trackers' ``finish``, ``SummaryWriter.close``),
+then multiprocessing's exit function (finalizers: queue feeders flush and join; the rank's
+own children are joined), within ``NBACCEL_EXIT_TIMEOUT`` seconds (default 10): a handler that
+hangs past that gets one line on stderr and the rank exits anyway.
+
+A rank on another node is already a multiprocessing child of its agent (torch elastic forks it
+through ``multiprocessing``); ``start`` then leaves its identity as multiprocessing made it.
+
+Example (what ``run_rank`` does)::
+
+    exit_hooks.start(parent_pid)
+    code = execute(job, ends)
+    exit_hooks.finish(code)
+    os._exit(code)
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import itertools
+import os
+import sys
+import threading
+from typing import Any
+
+TIMEOUT_VARIABLE = "NBACCEL_EXIT_TIMEOUT"
+DEFAULT_TIMEOUT = 10.0
+
+_state: dict[str, Any] = {"started": False}
+
+
+def start(parent_pid: int) -> None:
+    """In a fresh rank: multiprocessing's after-fork work; the inherited atexit handlers dropped."""
+    atexit._clear()  # the kernel's: never run in a rank
+    if "multiprocessing" in sys.modules and not _started_by_multiprocessing(parent_pid):
+        _become_multiprocessing_child()
+    _state["started"] = True
+
+
+def _started_by_multiprocessing(parent_pid: int) -> bool:
+    """True when multiprocessing itself forked this process from ``parent_pid`` (a node agent's
+    rank: torch elastic's ``start_processes``), so its after-fork hooks already ran."""
+    current = sys.modules["multiprocessing"].current_process()
+    return getattr(current, "_parent_pid", None) == parent_pid
+
+
+def _become_multiprocessing_child() -> None:
+    """What ``BaseProcess._bootstrap`` does in a child, for a process that is its own main.
+
+    A torchrun rank is a fresh interpreter: its ``current_process()`` is "MainProcess" with no
+    parent process. The kernel's authkey is kept (as a fork child keeps it), so Manager proxies
+    and connections made in the notebook still authenticate.
+    """
+    process: Any = importlib.import_module("multiprocessing.process")  # private names: typed Any
+    util: Any = importlib.import_module("multiprocessing.util")
+    kernel_side = process._current_process
+    if type(kernel_side).__name__ == "_MainProcess":  # the class itself is deleted from the module
+        me = type(kernel_side)()
+        me._config = dict(kernel_side._config)  # authkey, semaphore prefix
+        process._current_process = me
+    process._parent_process = None
+    process._children = set()  # the kernel's children are not the rank's to join
+    process._process_counter = itertools.count(1)
+    util._finalizer_registry.clear()  # the kernel's finalizers are the kernel's
+    util._run_after_forkers()
+    del kernel_side
+
+
+def timeout() -> float:
+    """Seconds a rank's exit handlers may take, from ``NBACCEL_EXIT_TIMEOUT`` (default 10).
+
+    Example:
+        >>> timeout() > 0
+        True
+    """
+    text = os.environ.get(TIMEOUT_VARIABLE, "")
+    try:
+        value = float(text)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def finish(exit_code: int) -> None:
+    """Run the rank's atexit handlers, then multiprocessing's exit function, at most ``timeout()``.
+
+    The order of a Python process's end (handlers registered after multiprocessing's run
+    first, so a handler that logs into a queue is flushed by the feeders' join). Only after
+    ``start``: a rank that failed before it still holds the kernel's handlers. Past the
+    deadline a watchdog thread says so in one line and ends the process with ``exit_code``.
+    """
+    if not _state["started"]:
+        return
+    _state["started"] = False
+    if not _anything_to_run():
+        return  # most ranks: no thread started for nothing
+    limit = timeout()
+    done = threading.Event()
+    watchdog = threading.Thread(target=_end_if_hung, args=(done, limit, exit_code), name="nbaccel-exit-watchdog", daemon=True)
+    watchdog.start()
+    try:
+        _run_exit_functions()
+    finally:
+        done.set()
+        watchdog.join()
+
+
+def _anything_to_run() -> bool:
+    if atexit._ncallbacks():
+        return True
+    process = sys.modules.get("multiprocessing.process")
+    util = sys.modules.get("multiprocessing.util")
+    return bool(util is not None and (util._finalizer_registry or (process is not None and process._children)))
+
+
+def _run_exit_functions() -> None:
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        atexit.unregister(util._exit_function)  # registered when imported in the rank: run last, once
+    atexit._run_exitfuncs()  # prints a handler's exception, as Python does at exit, and goes on
+    if util is not None:
+        try:
+            util._exit_function()  # finalizers (queue feeders flush and join), own children joined
+        except Exception as exc:  # noqa: BLE001 - as at interpreter exit: say so, go on
+            print(f"nbaccel: multiprocessing's exit function failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _end_if_hung(done: threading.Event, limit: float, exit_code: int) -> None:
+    if done.wait(limit):
+        return
+    # Straight to fd 2: the hung main thread may hold sys.stderr's lock.
+    line = f"nbaccel: the rank's exit handlers (atexit, multiprocessing) still ran after {limit:g} s ({TIMEOUT_VARIABLE}); exiting without waiting for them\n"
+    try:
+        os.write(2, line.encode())
+    finally:
+        os._exit(exit_code)
