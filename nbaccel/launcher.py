@@ -109,7 +109,7 @@ def notebook_launcher(
         stall_report=stall_report,
     )
     plan = make_plan(options, started)
-    launcher = LocalLauncher(choose_starter(options.start_method))
+    launcher = LocalLauncher(choose_starter(options.start_method, plan.num_processes))
     try:
         return run_launch(launcher, Job(function, tuple(args)), plan, make_sink(output))
     finally:
