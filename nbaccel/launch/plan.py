@@ -84,13 +84,22 @@ def choose_starter(start_method: str, local_ranks: int | None = None) -> RankSta
     if fatal:
         if start_method == "fork":
             raise fork_error(fatal)
-        say(f"{fatal[0]}; starting the ranks with spawn instead of fork (slower).")
-        return SpawnStarter()
-    if hazards:  # only the OpenMP pool: fork, one thread per rank
+        return instead_of_fork(fatal[0])
+    if hazards:  # only the OpenMP pool: fork, one thread per rank (the fork server's place too)
         if threads_per_rank(local_ranks or 1) > 1:
             say(f"{hazards[0]}; so each rank runs with one CPU thread (start_method='spawn' gives them all their cores).")
         return ForkStarter(one_thread=True)
     return ForkStarter()
+
+
+def instead_of_fork(reason: str) -> RankStarter:
+    """The start for a kernel no fork survives (CUDA initialised, a process group): spawn, said why.
+
+    The seam for the fork server: a server started before any compute is immune to both the
+    CUDA and the OpenMP hazards, and starts ranks nearly as fast as a fork.
+    """
+    say(f"{reason}; starting the ranks with spawn instead of fork (slower).")
+    return SpawnStarter()
 
 
 def nccl_guard(gpus: Sequence[int]) -> None:
