@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import enum
 import os
@@ -70,12 +71,20 @@ def driver_present() -> bool:
     return driver_state(load=True) is not DriverState.ABSENT
 
 
+_opened: dict[str, ctypes.CDLL] = {}  # a loaded driver stays loaded: keep its handle (a probe is then ~1 us)
+
+
 def _loaded_library() -> ctypes.CDLL | None:
     """The driver library if this process loaded it already; never loads it."""
+    path = library_path()
+    if path in _opened:
+        return _opened[path]
     try:
-        return ctypes.CDLL(library_path(), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        handle = _ctypes.dlopen(path, os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:
         return None
+    _opened[path] = ctypes.CDLL(path, handle=handle)
+    return _opened[path]
 
 
 def _load_library() -> ctypes.CDLL | None:
