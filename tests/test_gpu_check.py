@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel.devices import nvml
+from nbaccel.devices import nvml  # noqa: F401 - read by the skipif condition
 from nbaccel.testing import scaled
 
 pytestmark = pytest.mark.timeout(400)

@@ -93,7 +93,7 @@ def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: s
     record = tmp_path / "cuinit.log"
     env = {**os.environ, "NBACCEL_NVML_LIBRARY": str(build_fake_nvml(tmp_path)), "NBACCEL_CUDA_DRIVER_LIBRARY": str(build_fake_cuda(tmp_path)), "FAKE_CUDA_RECORD": str(record), "FAKE_NVML_GPUS": gpu}
     env.pop("NBACCEL_FORK_LAUNCHED", None)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(BF16)], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(BF16)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     for answer, part in zip(seen["answers"], expected):
