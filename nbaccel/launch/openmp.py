@@ -12,7 +12,7 @@ shows an instruction pointer inside libgomp's code (read from ``/proc/self/maps`
 threads (OpenBLAS, ZeroMQ, CUDA's) wait inside libc or their own library. A worker still spinning
 right after a region shows ``running``: it is asked again briefly, and one that keeps running is
 counted as a worker (forking with one thread is slower, never stuck). Python's own threads are
-skipped. Costs about 0.1 ms a call (``benchmarks`` not needed: see docs/gpu.md).
+skipped. About 20 to 40 µs a call once libgomp's address range is known (docs/gpu.md).
 
 Example:
     >>> openmp_pool_started()  # a process that ran no multi-threaded torch op

@@ -83,12 +83,21 @@ for precision in ("bf16", "fp8", "fp16"):
         answers.append("ok")
     except ValueError as error:
         answers.append(str(error))
+def no_count():
+    raise AssertionError("torch.cuda.device_count() in the kernel: it can run cuInit")
+torch.cuda.device_count = no_count
+import nbaccel
+try:
+    state = nbaccel.AcceleratorState(mixed_precision="bf16")
+    answers.append(f"state ok on {state.device}")
+except ValueError as error:
+    answers.append(str(error))
 print(json.dumps({"answers": answers, "driver": driver.driver_state().value}))
 """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("gpu", "expected"), [("Tesla V100-SXM2-16GB|GPU-v|7|0|", ["Tesla V100-SXM2-16GB (compute capability 7.0)", "Tesla V100", "ok"]), ("NVIDIA H200|GPU-h|9|0|", ["ok", "ok", "ok"])])
+@pytest.mark.parametrize(("gpu", "expected"), [("Tesla V100-SXM2-16GB|GPU-v|7|0|", ["Tesla V100-SXM2-16GB (compute capability 7.0)", "Tesla V100", "ok", "not supported by Tesla V100"]), ("NVIDIA H200|GPU-h|9|0|", ["ok", "ok", "ok", "state ok on cuda:0"])])
 def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: str, expected: list[str]) -> None:
     record = tmp_path / "cuinit.log"
     env = {**os.environ, "NBACCEL_NVML_LIBRARY": str(build_fake_nvml(tmp_path)), "NBACCEL_CUDA_DRIVER_LIBRARY": str(build_fake_cuda(tmp_path)), "FAKE_CUDA_RECORD": str(record), "FAKE_NVML_GPUS": gpu}
@@ -96,6 +105,7 @@ def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: s
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(BF16)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
+    assert len(seen["answers"]) == len(expected)
     for answer, part in zip(seen["answers"], expected):
         assert part in answer
     assert seen["driver"] == "not loaded" and not record.exists()
