@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbaccel.devices import driver
+
 LIBRARY = "libnvidia-ml.so.1"
 LIBRARY_VARIABLE = "NBACCEL_NVML_LIBRARY"
 NVML_SUCCESS = 0
@@ -179,7 +181,9 @@ def visible_count(environ: Mapping[str, str] | None = None) -> int:
     found = visible_gpus(env)
     if found is not None:
         return len(found)
-    return _count_in_child(env.get("CUDA_VISIBLE_DEVICES"), os.environ.get("NBACCEL_CUDA_DRIVER_LIBRARY") or "libcuda.so.1")
+    if not driver.driver_present():  # no NVIDIA driver at all (a CPU machine): no GPU, no child
+        return 0
+    return _count_in_child(env.get("CUDA_VISIBLE_DEVICES"), driver.library_path())
 
 
 # The fallback without NVML: the driver counts (and so honours CUDA_VISIBLE_DEVICES, MIG included)

@@ -28,6 +28,8 @@ DEFAULT_CPU_PROCESSES = 2
 
 def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
     """Decide ranks and devices for ``options`` (already valid); ``started`` is when the call began."""
+    import torch  # noqa: F401 - once here, so that the forked ranks inherit it (each importing torch costs seconds); touches no CUDA
+
     num_processes, chosen_gpus = _ranks_and_gpus(options)
     device_type = "cuda" if chosen_gpus else "cpu"
     if chosen_gpus:

@@ -94,7 +94,7 @@ def test_without_nvml_the_driver_counts_in_a_child_process(fakes: dict[str, Path
     seen = subprocess_json(COUNT, env)
     assert seen["counts"]["unset"] == 3 and seen["counts"][""] == 0
     assert seen["names"] == [] and seen["capability"] is None and seen["driver"] is None
-    assert seen["driver_state"] == "not loaded"  # this process never loaded the driver
+    assert seen["driver_state"] == "uninitialised"  # loaded to see that it exists, never initialised
     pids = record.read_text().split()
     assert pids and str(seen["pid"]) not in pids  # cuInit ran, but only in the counting children
 
