@@ -269,12 +269,12 @@ def _later_cell(pool: Any) -> str:
 @case("distributed-free")
 def distributed_free() -> dict[str, Any]:
     shell = ipython_shell()
-    outputs = [run_cell(shell, "%distributed start 1")]
+    outputs = [run_cell(shell, "%distributed start -n 1")]
     outputs.append(run_cell(shell, "%%distributed\nimport torch\nx = torch.empty(2**28, device='cuda'); del x"))
     freed = run_cell(shell, "%distributed free")
     outputs.append(run_cell(shell, "%distributed stop"))
     expect("MiB" in freed or "GiB" in freed, f"%distributed free said {freed!r}")
-    return {"free_said": freed.strip()[:300]}
+    return {"free_said": freed.strip()[:300], "outputs": [o.strip()[-200:] for o in outputs]}
 
 
 def ipython_shell() -> Any:
