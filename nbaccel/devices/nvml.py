@@ -160,10 +160,7 @@ def visible(gpus: Sequence[Gpu], environ: Mapping[str, str] | None = None) -> li
 def _find(gpus: Sequence[Gpu], entry: str) -> Gpu | None:
     if entry.isdigit():
         return gpus[int(entry)] if int(entry) < len(gpus) else None
-    if entry.startswith("MIG-"):
-        matches = [g for g in gpus for mig in g.mig_uuids if mig.startswith(entry)]
-    else:
-        matches = [g for g in gpus if g.uuid.startswith(entry)]
+    matches = [g for g in gpus for uuid in (g.mig_uuids if entry.startswith("MIG-") else (g.uuid,)) if uuid.startswith(entry)]
     return matches[0] if len(matches) == 1 else None  # an ambiguous prefix names nothing
 
 

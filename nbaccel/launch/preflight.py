@@ -27,7 +27,7 @@ class Hazard(str):
 
     kind: str
 
-    def __new__(cls, kind: str, reason: str) -> Hazard:  # noqa: PYI034 - Self needs Python 3.11
+    def __new__(cls, kind: str, reason: str) -> Hazard:
         hazard = super().__new__(cls, reason)
         hazard.kind = kind
         return hazard

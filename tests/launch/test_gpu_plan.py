@@ -105,7 +105,6 @@ def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: s
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(BF16)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert len(seen["answers"]) == len(expected)
-    for answer, part in zip(seen["answers"], expected):
+    for answer, part in zip(seen["answers"], expected, strict=True):
         assert part in answer
     assert seen["driver"] == "not loaded" and not record.exists()
