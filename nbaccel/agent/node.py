@@ -57,6 +57,10 @@ def visible_gpus() -> int:
     The agent forks its ranks, so CUDA must stay uninitialised in it; no NVIDIA driver means 0.
     A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
     """
+    # torch now, before the loop runs: the first launch's torch elastic would import it (seconds
+    # on a busy machine, long enough to miss heartbeats), and forked ranks inherit it. No CUDA.
+    import torch  # noqa: F401
+
     return nvml.visible_count()
 
 
