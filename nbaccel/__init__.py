@@ -17,9 +17,18 @@ In IPython, ``%load_ext nbaccel`` adds the ``%%distributed`` cell magic.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from nbaccel._version import __version__
+
+# torch.cuda.is_available() (the first line of nearly every notebook) runs cuInit in the kernel
+# unless this is set, without setting torch's own "initialised" flag, and a kernel that ran
+# cuInit can no longer fork ranks that use CUDA. With it, torch asks NVML instead and leaves the
+# driver untouched. setdefault: a user's explicit "0" is kept (nbaccel then sees the driver's
+# state itself and starts the ranks by spawn). Read by torch at each call, so setting it after
+# torch was imported still works.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 if TYPE_CHECKING:
     from nbaccel.agent.cluster import Cluster

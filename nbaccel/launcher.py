@@ -114,7 +114,7 @@ def notebook_launcher(
         pdb=wants_post_mortem(pdb),
     )
     plan = make_plan(options, started)
-    launcher = LocalLauncher(choose_starter(options.start_method))
+    launcher = LocalLauncher(choose_starter(options.start_method, plan.num_processes))
     try:
         return run_launch(launcher, debuggable_job(function, args, options.pdb), plan, make_sink(output))
     finally:

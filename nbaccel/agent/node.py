@@ -28,6 +28,7 @@ from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.link import Link, new_nonce
 from nbaccel.agent.node_ranks import NodeRanks
 from nbaccel.agent.signing import Message
+from nbaccel.devices import nvml
 from nbaccel.launch import warm
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
@@ -51,13 +52,16 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 def visible_gpus() -> int:
-    """How many CUDA devices this node shows, without initialising CUDA (NVML where it can)."""
-    try:
-        import torch
+    """How many CUDA devices this node shows, counted through NVML: the agent never runs cuInit.
 
-        return int(torch.cuda.device_count())
-    except Exception:  # noqa: BLE001 - no torch, or a broken driver: a CPU node
-        return 0
+    The agent forks its ranks, so CUDA must stay uninitialised in it; no NVIDIA driver means 0.
+    A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
+    """
+    # torch now, before the loop runs: the first launch's torch elastic would import it (seconds
+    # on a busy machine, long enough to miss heartbeats), and forked ranks inherit it. No CUDA.
+    import torch  # noqa: F401
+
+    return nvml.visible_count()
 
 
 def launcher_facts(started_by: str, order: int | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:

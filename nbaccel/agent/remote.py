@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbaccel.agent.cluster import Cluster
+from nbaccel.agent.cluster import Cluster, NodeInfo
 from nbaccel.agent.cluster_group import ClusterLauncher, layout
 from nbaccel.errors import RankFailedError, RankReport
 from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
@@ -60,7 +60,7 @@ def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, 
     """The plan of a launch on the cluster's live nodes: CUDA only where every node has a GPU per rank."""
     options = LaunchOptions(mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, stall_report=stall_report)  # type: ignore[arg-type]  # checked there
     nodes = cluster.live_nodes
-    on_gpus = not cpu and bool(nodes) and all(n.gpus >= n.nproc for n in nodes)
+    on_gpus = not cpu and cluster_on_gpus(nodes)
     return LaunchPlan(
         num_processes=sum(n.nproc for n in nodes),
         device_type="cuda" if on_gpus else "cpu",
@@ -71,6 +71,24 @@ def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, 
         timeout=options.timeout,
         deadline=None if options.timeout is None else started + options.timeout,
         stall_report=options.stall_report,  # a remote rank's stack is not collected yet: only the note shows
+    )
+
+
+def cluster_on_gpus(nodes: Sequence[NodeInfo]) -> bool:
+    """True when every node has a GPU per rank, False when none has any GPU; else a clear error.
+
+    A cluster where some nodes lack GPUs for their ranks is not quietly turned to CPU and gloo
+    (every GPU node would then train on its CPU): the user says which they meant.
+    """
+    if not nodes or all(n.gpus == 0 for n in nodes):
+        return False
+    short = [n for n in nodes if n.gpus < n.nproc]
+    if not short:
+        return True
+    named = "; ".join(f"node {n.describe()} has {n.gpus} GPU(s) for {n.nproc} rank(s)" for n in short)
+    raise ValueError(
+        f"{named}: one CUDA rank needs one GPU. Start that node's agent with --nproc-per-node at most "
+        "its GPU count, or pass cpu=True to run every rank of the cluster on CPU (gloo)."
     )
 
 

@@ -6,6 +6,7 @@ import os
 import warnings
 
 from nbaccel.rank.bootstrap import ChildEnds, Job, run_rank
+from nbaccel.rank.cpu_threads import ONE_THREAD_VARIABLE
 
 
 class ForkStarter:
@@ -18,8 +19,15 @@ class ForkStarter:
 
     start_method = "fork"
 
+    def __init__(self, one_thread: bool = False) -> None:
+        # one_thread: the kernel's OpenMP pool started, so a forked rank must never run a
+        # multi-threaded region (it would wait for pool threads that exist only in the kernel).
+        self.one_thread = one_thread
+
     def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
         parent = os.getpid()
+        if self.one_thread:
+            env = {**env, ONE_THREAD_VARIABLE: "1"}
         with warnings.catch_warnings():
             # Python 3.12+ warns that forking a threaded process may deadlock the child. The rank
             # only touches fork-safe state before replacing stdio (preflight refuses CUDA).

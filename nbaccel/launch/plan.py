@@ -10,20 +10,30 @@ Example:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
+from nbaccel.devices import nvml
+from nbaccel.devices.nccl_guard import RTX40_GOOD_DRIVER, rtx40_nccl_variables
 from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import LaunchOptions
-from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, visible_gpu_count
+from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, never_fork, visible_gpu_count
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.launch.spawn import SpawnStarter
+from nbaccel.rank.cpu_threads import threads_per_rank
 
 DEFAULT_CPU_PROCESSES = 2
 
 
 def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
     """Decide ranks and devices for ``options`` (already valid); ``started`` is when the call began."""
+    import torch  # noqa: F401 - once here, so that the forked ranks inherit it (each importing torch costs seconds); touches no CUDA
+
     num_processes, chosen_gpus = _ranks_and_gpus(options)
     device_type = "cuda" if chosen_gpus else "cpu"
+    if chosen_gpus:
+        nccl_guard(chosen_gpus)
     if options.mixed_precision == "fp8" and device_type == "cpu":
         raise ValueError("mixed_precision='fp8' needs GPUs that support fp8 (Hopper or newer); on CPU use 'bf16' or 'no'.")
     return LaunchPlan(
@@ -55,21 +65,54 @@ def _ranks_and_gpus(options: LaunchOptions) -> tuple[int, tuple[int, ...] | None
                 f"num_processes={num_processes} but only {visible} GPU(s) are visible; one rank needs one GPU. "
                 f"Use num_processes<={visible}, or cpu=True for CPU ranks on gloo."
             )
-        return num_processes, tuple(range(visible))
+        return num_processes, tuple(range(num_processes))  # the first num_processes GPUs, one each
     if num_processes is None:
         num_processes = DEFAULT_CPU_PROCESSES
         say(f"no GPU visible; launching {num_processes} CPU processes on gloo.")
     return num_processes, None
 
 
-def choose_starter(start_method: str) -> RankStarter:
-    """Fork when that is safe; else spawn (saying why, in one line), or refuse if fork was asked for."""
+def choose_starter(start_method: str, local_ranks: int | None = None) -> RankStarter:
+    """Fork when that is safe; else spawn (saying why, in one line), or refuse if fork was asked for.
+
+    A kernel whose OpenMP pool started is forked with one CPU thread per rank (saying so where
+    ranks would have had more; ``local_ranks`` is how many run here): a rank's multi-threaded
+    op would otherwise hang. The fork server, where it exists, is the better start for both.
+    """
     if start_method == "spawn":
         return SpawnStarter()
     hazards = fork_hazards()
-    if not hazards:
-        return ForkStarter()
-    if start_method == "fork":
-        raise fork_error(hazards)
-    say(f"{hazards[0]}; starting the ranks with spawn instead of fork (slower).")
+    fatal = never_fork(hazards)
+    if fatal:
+        if start_method == "fork":
+            raise fork_error(fatal)
+        return instead_of_fork(fatal[0])
+    if hazards:  # only the OpenMP pool: fork, one thread per rank (the fork server's place too)
+        if threads_per_rank(local_ranks or 1) > 1:
+            say(f"{hazards[0]}; so each rank runs with one CPU thread (start_method='spawn' gives them all their cores).")
+        return ForkStarter(one_thread=True)
+    return ForkStarter()
+
+
+def instead_of_fork(reason: str) -> RankStarter:
+    """The start for a kernel no fork survives (CUDA initialised, a process group): spawn, said why.
+
+    The seam for the fork server: a server started before any compute is immune to both the
+    CUDA and the OpenMP hazards, and starts ranks nearly as fast as a fork.
+    """
+    say(f"{reason}; starting the ranks with spawn instead of fork (slower).")
     return SpawnStarter()
+
+
+def nccl_guard(gpus: Sequence[int]) -> None:
+    """Accelerate's guard for RTX 40xx GPUs: NCCL peer-to-peer and InfiniBand off on old drivers.
+
+    NCCL's P2P and IB transports hang or corrupt on GeForce RTX 40 cards under drivers older
+    than 550.40.07 (Accelerate's ``check_cuda_p2p_ib_support``); set in this process (the ranks
+    inherit it) unless the user chose otherwise, and said in one line.
+    """
+    variables = rtx40_nccl_variables(nvml.visible_gpus() or [], nvml.driver_version(), len(gpus))
+    chosen = {name: value for name, value in variables.items() if name not in os.environ}
+    if chosen:
+        os.environ.update(chosen)
+        say(f"RTX 40-series GPUs with driver {nvml.driver_version()} (older than {RTX40_GOOD_DRIVER}): setting {', '.join(f'{k}={v}' for k, v in chosen.items())} as Accelerate does.")

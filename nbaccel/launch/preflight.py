@@ -9,34 +9,64 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
+from nbaccel.devices import driver, nvml
 from nbaccel.errors import PreflightError
+from nbaccel.launch.openmp import openmp_pool_started
 
 
-def fork_hazards() -> list[str]:
+class Hazard(str):
+    """Why a fork now would break a rank: the reason itself (a ``str``), with its ``kind``.
+
+    ``kind`` is ``"cuda"`` or ``"process_group"`` (never fork: the child cannot use what it
+    inherited) or ``"openmp"`` (fork only with one CPU thread per rank, or from a fork server).
+
+    >>> Hazard("openmp", "the OpenMP pool started").kind
+    'openmp'
+    """
+
+    kind: str
+
+    def __new__(cls, kind: str, reason: str) -> Hazard:
+        hazard = super().__new__(cls, reason)
+        hazard.kind = kind
+        return hazard
+
+
+NEVER_FORK = ("cuda", "process_group")
+OPENMP = "openmp"
+
+
+def fork_hazards() -> list[Hazard]:
     """Reasons why a rank forked from this process now would break; empty when forking is safe.
 
-    Only modules already imported are inspected: checking must not import torch or touch CUDA.
+    Each reason is a ``Hazard`` (a ``str`` with a ``kind``). Nothing is imported or initialised
+    to find out: torch is inspected only if imported, the CUDA driver is asked without ``cuInit``
+    (``nbaccel.devices.driver``), and libgomp's threads are read off ``/proc`` (``launch.openmp``).
     """
-    hazards = []
+    hazards = _cuda_hazards()
     torch = sys.modules.get("torch")
-    if torch is not None:
-        cuda = getattr(torch, "cuda", None)
-        if cuda is not None and cuda.is_initialized():
-            hazards.append(
-                "CUDA is already initialised in this kernel (a tensor was put on a GPU, or a library "
-                "did so on import), and CUDA cannot be used in a process forked after that"
-            )
-        elif cuda is not None and getattr(cuda, "_is_in_bad_fork", lambda: False)():
-            hazards.append("this kernel is itself a process forked after CUDA was initialised")
-        dist = getattr(torch, "distributed", None)
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            hazards.append(
-                "a torch.distributed process group is already initialised in this kernel, and a "
-                "forked rank would inherit a copy it cannot use"
-            )
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        hazards.append(Hazard("process_group", "a torch.distributed process group is already initialised in this kernel, and a forked rank would inherit a copy it cannot use"))
+    if openmp_pool_started():
+        hazards.append(Hazard(OPENMP, "this kernel ran a multi-threaded CPU op, and its OpenMP thread pool (libgomp) does not survive a fork: a forked rank would hang in its first multi-threaded op"))
     return hazards
+
+
+def _cuda_hazards() -> list[Hazard]:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if (cuda is not None and cuda.is_initialized()) or driver.cuda_initialised():
+        return [Hazard("cuda", "CUDA is already initialised in this kernel (a tensor was put on a GPU, torch.cuda.is_available() asked the driver, or a library did so on import), and CUDA cannot be used in a process forked after that")]
+    if cuda is not None and getattr(cuda, "_is_in_bad_fork", lambda: False)():
+        return [Hazard("cuda", "this kernel is itself a process forked after CUDA was initialised")]
+    return []
+
+
+def never_fork(hazards: Sequence[str]) -> list[str]:
+    """The hazards no fork survives (a plain ``str`` counts as one: its kind is unknown)."""
+    return [h for h in hazards if getattr(h, "kind", "cuda") in NEVER_FORK]
 
 
 def fork_error(hazards: Sequence[str]) -> PreflightError:
@@ -50,8 +80,7 @@ def fork_error(hazards: Sequence[str]) -> PreflightError:
 
 def visible_gpu_count() -> int:
     """CUDA devices this process may use, counted without initialising CUDA (NVML)."""
-    torch = _import_torch()
-    return int(torch.cuda.device_count())
+    return nvml.visible_count()
 
 
 def check_gpus(gpus: Sequence[int], visible: int) -> tuple[int, ...]:
@@ -67,9 +96,3 @@ def check_gpus(gpus: Sequence[int], visible: int) -> tuple[int, ...]:
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"gpus={list(chosen)!r} names a device twice: each rank needs its own GPU.")
     return chosen
-
-
-def _import_torch() -> Any:
-    import torch
-
-    return torch

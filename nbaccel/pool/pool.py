@@ -369,7 +369,7 @@ def start_local_workers(
         stall_report=stall_report,
     )
     plan = make_plan(options, time.monotonic())
-    return WorkerPool(plan, LocalLauncher(choose_starter(options.start_method)), namespace, start_timeout).start()
+    return WorkerPool(plan, LocalLauncher(choose_starter(options.start_method, plan.num_processes)), namespace, start_timeout).start()
 
 
 @atexit.register

@@ -17,6 +17,7 @@ import signal
 import sys
 from typing import Any
 
+from nbaccel.devices import nvml
 from nbaccel.errors import EngineStateError
 from nbaccel.rank.bootstrap import ChildEnds, call_and_report
 from nbaccel.wire import events
@@ -36,7 +37,7 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
     restore = _defer_destroy_process_group()
     interrupts = TaskInterrupts()
     signal.signal(signal.SIGINT, interrupts.handle)
-    events.send(ends.channel, events.Kind.READY, {"pid": os.getpid(), "device": str(state.device)})
+    events.send(ends.channel, events.Kind.READY, {"pid": os.getpid(), "device": nvml.physical_name(str(state.device))})
     decoder = events.FrameDecoder()
     try:
         while True:

@@ -21,6 +21,10 @@ import os
 import sys
 
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# Set by the fork starter when the kernel's OpenMP (libgomp) pool had started: libgomp is not
+# fork-safe, and a forked rank's first region on more than one thread waits forever for pool
+# threads that exist only in the kernel. One thread runs no pool, so the rank is held to it.
+ONE_THREAD_VARIABLE = "NBACCEL_ONE_CPU_THREAD"
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
@@ -32,6 +36,9 @@ def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
 
 def share_cores(local_world_size: int) -> None:
     """Size this rank's torch pool (now, or when torch is imported) for ``local_world_size`` ranks."""
+    if os.environ.get(ONE_THREAD_VARIABLE):
+        hold_to_one_thread()
+        return
     if os.environ.get(OMP_NUM_THREADS):
         return
     threads = threads_per_rank(local_world_size)
@@ -39,3 +46,27 @@ def share_cores(local_world_size: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def hold_to_one_thread() -> None:
+    """One CPU thread in this forked rank, and ``torch.set_num_threads(n)`` kept at 1 (said once).
+
+    The user's own ``torch.set_num_threads(8)`` would otherwise reach the kernel's dead libgomp
+    pool and hang; it is answered with one line on stderr instead.
+    """
+    os.environ[OMP_NUM_THREADS] = "1"
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(torch.set_num_threads, "_nbaccel_held", False):
+        return
+    original = torch.set_num_threads
+    original(1)
+    told: list[bool] = []
+
+    def set_num_threads(threads: int) -> None:
+        if threads > 1 and not told:
+            told.append(True)
+            print(f"nbaccel: torch.set_num_threads({threads}) kept at 1: this rank was forked from a kernel whose OpenMP pool had started, and more threads would hang (start_method='spawn' allows them).", file=sys.stderr, flush=True)
+        original(1)
+
+    set_num_threads._nbaccel_held = True  # type: ignore[attr-defined]
+    torch.set_num_threads = set_num_threads  # type: ignore[attr-defined]

@@ -12,15 +12,18 @@ Example (from a fresh process state: an earlier ``AcceleratorState`` fixes mixed
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
+from nbaccel.devices import driver, nvml
 from nbaccel.errors import NbaccelError
 from nbaccel.state.launch_env import normalize_mixed_precision
 from nbaccel.state.partial import PartialState, StateResetError
+from nbaccel.wire.rank_env import FORK_LAUNCHED
 
 DEFAULT_DEEPSPEED_NAME = "default"
 _PLUGIN_NAMES = ("dynamo_plugin", "fsdp_plugin", "torch_tp_plugin", "megatron_lm_plugin", "parallelism_config")
@@ -215,26 +218,46 @@ class AcceleratorState(PartialState):
 
 
 def check_precision_supported(precision: str, device: torch.device) -> None:
-    """Raise when ``device`` cannot run ``precision``; fp16 and bf16 also work on CPU (autocast)."""
-    if precision == "fp8":
-        capable = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-        if not capable:
-            raise ValueError(
-                f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, "
-                f"Hopper), but this process runs on {_describe(device)}. Use 'bf16' instead."
-            )
-    elif precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(
-            f"mixed_precision='bf16' is not supported by {_describe(device)} (it needs compute "
-            "capability 8.0 or newer). Use 'fp16' instead."
-        )
+    """Raise when ``device`` cannot run ``precision``; fp16 and bf16 also work on CPU (autocast).
 
-
-def _describe(device: torch.device) -> str:
+    The GPU's compute capability comes from NVML, so a kernel's ``AcceleratorState("bf16")``
+    leaves CUDA uninitialised (and the kernel fork-safe). Where NVML cannot answer, only a
+    process whose CUDA is up anyway (a rank) asks torch; the kernel leaves the check to its ranks.
+    """
+    if precision not in ("fp8", "bf16"):
+        return
     if device.type != "cuda":
+        if precision == "fp8":
+            raise ValueError(f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper), but this process runs on {_describe(device, None)}. Use 'bf16' instead.")
+        return
+    capability = device_capability(device)
+    if capability is None:
+        return  # unknown here without initialising CUDA: each rank checks on its own device
+    if precision == "fp8" and capability < (8, 9):
+        raise ValueError(f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper), but this process runs on {_describe(device, capability)}. Use 'bf16' instead.")
+    if precision == "bf16" and not nvml.supports_bf16(capability):
+        raise ValueError(f"mixed_precision='bf16' is not supported by {_describe(device, capability)} (it needs compute capability 8.0 or newer). Use 'fp16' instead.")
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """``device``'s compute capability, from NVML; from torch only where CUDA is initialised already."""
+    found = nvml.visible_gpus()
+    index = device.index or 0
+    if found is not None and index < len(found) and found[index].capability != (0, 0):
+        return found[index].capability
+    cuda_up = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    if cuda_up or driver.cuda_initialised() or os.environ.get(FORK_LAUNCHED) == "1":
+        return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+    return None
+
+
+def _describe(device: torch.device, capability: tuple[int, int] | None) -> str:
+    if device.type != "cuda" or capability is None:
         return f"the {device.type.upper()}"
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+    found = nvml.visible_gpus() or []
+    index = device.index or 0
+    name = found[index].name if index < len(found) else torch.cuda.get_device_name(device)
+    return f"{name} (compute capability {capability[0]}.{capability[1]})"
 
 
 def _named_deepspeed_plugins(plugin: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from nbaccel.devices import nvml
 from nbaccel.errors import NbaccelError
 from nbaccel.state import default_group as process_group
 from nbaccel.state.control import FirstProcessFailedError, ProcessControl
@@ -242,9 +243,7 @@ def _set_up(cpu: bool, kwargs: dict[str, Any]) -> _Snapshot:
 def _device_type(cpu: bool, env: LaunchEnvironment) -> str:
     if cpu or env.use_cpu or env.device_type == "cpu":
         return "cpu"
-    # device_count() asks NVML where it can and so, unlike is_available(), does not initialise
-    # CUDA: a state made in the kernel must not spoil later forks.
-    gpus = torch.cuda.device_count()
+    gpus = cuda_device_count()
     if env.device_type == "cuda" and gpus == 0:
         raise RuntimeError(
             "The launcher started this process for CUDA (NBACCEL_DEVICE_TYPE='cuda'), but torch "
@@ -256,7 +255,16 @@ def _device_type(cpu: bool, env: LaunchEnvironment) -> str:
 def _device(device_type: str, local_rank: int) -> torch.device:
     if device_type == "cpu":
         return torch.device("cpu")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cuda", local_rank % max(1, cuda_device_count()))
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices this process sees. Outside a launched rank (a state made in the kernel)
+    counted through NVML only: ``torch.cuda.device_count()`` falls back to ``cuInit`` where NVML
+    cannot answer (MIG, no libnvidia-ml), which would spoil every later fork."""
+    if fork_launched():
+        return int(torch.cuda.device_count())
+    return nvml.visible_count()
 
 
 def _distributed_type(group: GroupInfo | None, device_type: str) -> DistributedType:

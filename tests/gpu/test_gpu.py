@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import nbaccel
-from nbaccel.launch.preflight import fork_hazards
+from nbaccel.launch.preflight import fork_hazards, never_fork
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -52,7 +52,7 @@ def check_nccl_launch(n: int) -> None:
     assert all(r[2].device.type == "cpu" and r[2].item() == n * (n + 1) / 2 for r in results)
     assert [r[3] for r in results] == [os.getpid()] * n, "the ranks were not forked"
     assert not torch.cuda.is_initialized()  # the kernel never touched CUDA
-    assert fork_hazards() == []
+    assert never_fork(fork_hazards()) == []  # libgomp's pool may have started: not a CUDA matter
 
 
 def test_nccl_initialises_in_one_forked_rank_and_its_cuda_tensor_arrives_on_the_cpu() -> None:
