@@ -149,3 +149,18 @@ def test_an_ordinary_error_that_mentions_cuda_keeps_the_pool(pool) -> None:
     with pytest.raises(nbaccel.RankFailedError):
         pool.run(out_of_memory)
     assert pool.alive and pool.run(all_reduce_rank) == [3.0, 3.0]
+
+
+def ddp_step() -> tuple:
+    import torch
+    import torch.nn as nn
+
+    model = nn.parallel.DistributedDataParallel(nn.Linear(2, 1))
+    model(torch.ones(3, 2)).sum().backward()
+    return tuple(model.module.weight.grad.shape)
+
+
+def test_one_worker_has_a_process_group_of_one_so_ddp_works() -> None:
+    with start_workers(1) as one:
+        assert one.run(ddp_step) == [(1, 2)]
+        assert one.run(all_reduce_rank) == [1.0]
