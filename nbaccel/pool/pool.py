@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_LEAVE_GRACE = 2.0  # seconds the workers have, together, to leave their process group on a stop
 _COUNT_TIMEOUT = 10.0  # seconds for idle workers to say how many collectives they issued
 
 
@@ -128,7 +129,10 @@ class WorkerPool:
                         group.send(rank, Kind.STOP, b"")
                     except OSError:
                         pass
-                wait_until_ended(group, grace=2.0)
+                wait_until_ended(group, grace=_LEAVE_GRACE)
+                lingering = [rank for rank in range(self.num_processes) if group.returncode(rank) is None]
+                if lingering:
+                    say(f"rank(s) {', '.join(map(str, lingering))} did not leave the process group within {_LEAVE_GRACE:g} s of the stop (stuck in destroy_process_group); killed them")
         finally:
             group.close()  # also after an interrupt while waiting: nothing outlives this
 

@@ -164,3 +164,24 @@ def test_one_worker_has_a_process_group_of_one_so_ddp_works() -> None:
     with start_workers(1) as one:
         assert one.run(ddp_step) == [(1, 2)]
         assert one.run(all_reduce_rank) == [1.0]
+
+
+def hang_in_teardown_on_rank_one() -> None:
+    import torch.distributed as dist
+
+    import nbaccel.pool.serve
+
+    if dist.get_rank() == 1:  # serve() leaves the group through this on STOP
+        nbaccel.pool.serve._destroy_default_group = lambda: time.sleep(600)
+
+
+def test_a_worker_stuck_leaving_its_group_on_stop_is_killed_and_named(capsys) -> None:
+    pool = start_workers(2)
+    try:
+        pool.run(hang_in_teardown_on_rank_one)
+    finally:
+        started = time.monotonic()
+        pool.stop()
+    assert time.monotonic() - started < 5
+    assert "rank(s) 1 did not leave the process group within 2 s of the stop" in capsys.readouterr().out
+    assert psutil.Process().children() == []
