@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line_path
+from nbaccel.wire import flight_recorder
 
 __all__ = ["STACK_FILE_VARIABLE", "RankStack", "StackFiles", "summarise"]
 
@@ -40,6 +41,7 @@ _ENGINE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\](rank|pool|wire)[/\\][^"]+\.
 _IDLE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\]pool[/\\]serve\.py", line \d+ in _next_command')
 _SETTLE = 0.05  # a whole-looking dump is complete when the file stops growing for this long
 _SETTLE_UNSURE = 0.3  # a dump whose end cannot be told (a frame line that was cut short, say)
+_RECORDER_WAIT = 2.5  # NCCL's watchdog looks at its pipe about once a second
 
 
 @dataclass(frozen=True)
@@ -149,9 +151,26 @@ class StackFiles:
                 os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
             except ProcessLookupError:
                 pass
+        recording = [rank for rank in pids if flight_recorder.request_dump(self.folder, rank)]  # NCCL ranks only
         texts = self._read_settled(pids, time.monotonic() + timeout)
         texts = {rank: text for rank, text in texts.items() if text or _alive(pids[rank])}
-        return {rank: _answer(rank, text) for rank, text in texts.items()}
+        last = self._last_collectives(recording, time.monotonic() + _RECORDER_WAIT)
+        return {rank: _answer(rank, text, last.get(rank)) for rank, text in texts.items()}
+
+    def _last_collectives(self, ranks: list[int], deadline: float) -> dict[int, str]:
+        """Each NCCL rank's newest flight-recorder entry, as its watchdog dumps it (within about a second)."""
+        found: dict[int, str] = {}
+        pending = set(ranks)
+        while pending and time.monotonic() < deadline:
+            for rank in sorted(pending):
+                dump = flight_recorder.read_dump(flight_recorder.dump_path(self.folder, rank))
+                if dump is not None:
+                    pending.discard(rank)
+                    line = flight_recorder.describe_last(dump)
+                    if line:
+                        found[rank] = line
+            time.sleep(0.02)
+        return found
 
     def _read_settled(self, pids: dict[int, int], deadline: float) -> dict[int, str]:
         """Each rank's dump once it looks whole and the file stopped growing (faulthandler writes
@@ -187,8 +206,19 @@ def _is_whole(text: str, path: str) -> bool:
     return text.endswith((_read(last_line_path(path)) or "\0", "  ...\n"))
 
 
-def _answer(rank: int, text: str) -> RankStack:
-    return RankStack(rank, with_cell_names(without_launch_frames(text)), summarise(rank, text))
+def _answer(rank: int, text: str, last_collective: str | None = None) -> RankStack:
+    summary = summarise(rank, text)
+    return RankStack(rank, with_cell_names(without_launch_frames(text)), with_last_collective(summary, last_collective))
+
+
+def with_last_collective(summary: str, last_collective: str | None) -> str:
+    """The summary, with the rank's last collective where the flight recorder said it (NCCL).
+
+    Example:
+        >>> with_last_collective("rank 1: in `loss.item` at Cell In[3], line 4", "last collective: nccl:all_reduce #12 (started)")
+        'rank 1: in `loss.item` at Cell In[3], line 4; last collective: nccl:all_reduce #12 (started)'
+    """
+    return f"{summary}; {last_collective}" if last_collective else summary
 
 
 def _alive(pid: int) -> bool:
