@@ -7,7 +7,7 @@ that met one fails every later cell. torch reports these as ``torch.AcceleratorE
 apart from recoverable errors (out of memory, a shape mismatch) by those words.
 
 Example:
-    >>> unrecoverable_cuda_error("CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA")
+    >>> unrecoverable_cuda_error("CUDA error: device-side assert triggered")
     'CUDA error: device-side assert triggered'
     >>> unrecoverable_cuda_error("CUDA out of memory. Tried to allocate 2.00 GiB") is None
     True

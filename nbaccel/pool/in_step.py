@@ -16,9 +16,10 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
+
+from nbaccel.rank.collective_count import collective_count
 
 
 @dataclass
@@ -27,22 +28,6 @@ class CollectiveCount:
 
     def __call__(self, namespace: dict[str, Any]) -> int | None:
         return collective_count()
-
-
-def collective_count() -> int | None:
-    """The default group's sequence number in this process, or None without a group (or a torch
-    that does not count)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    world = dist.group.WORLD
-    counter = getattr(world, "_get_sequence_number_for_group", None)
-    if counter is None:
-        return None
-    try:
-        return int(counter())
-    except RuntimeError:  # a backend that keeps no count (some third-party ones)
-        return None
 
 
 def out_of_step(counts: dict[int, int | None]) -> str | None:

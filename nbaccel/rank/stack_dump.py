@@ -19,6 +19,7 @@ import signal
 import sys
 from typing import IO
 
+from nbaccel.rank import collective_count
 from nbaccel.wire import flight_recorder
 
 STACK_SIGNAL = signal.SIGUSR2
@@ -36,6 +37,7 @@ def install(path: str | None) -> None:
     with open(last_line_path(path), "w", encoding="utf-8") as last:
         last.write(_outermost_frame_line())
     faulthandler.register(STACK_SIGNAL, file=_dump_file, all_threads=True, chain=False)
+    collective_count.start_answering(path)  # the count of collectives, which no dump can show
     if os.environ.get(flight_recorder.BUFFER_VARIABLE, "0") not in ("", "0"):
         # Before any process group exists: NCCL's watchdog reads these when it starts.
         for name, value in flight_recorder.recorder_paths(path).items():

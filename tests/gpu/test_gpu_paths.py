@@ -63,7 +63,9 @@ def test_a_device_side_assert_ends_the_workers_names_the_rank_and_says_restart(c
         assert pool.run(nccl_is_bound)[0][1] == "nccl"
 
 
-def two_all_reduces() -> None:
+def two_all_reduces_then_wait() -> None:
+    import time
+
     import torch
     import torch.distributed as dist
 
@@ -71,10 +73,12 @@ def two_all_reduces() -> None:
     dist.all_reduce(value)
     dist.all_reduce(value)
     torch.cuda.synchronize()
+    time.sleep(60)
 
 
 def test_the_flight_recorder_names_the_last_collective_in_the_stack_summary() -> None:
     with start_workers(1) as pool:
-        pool.run(two_all_reduces)
-        [stack] = pool.stacks()
-        assert "idle" in stack.summary and "last collective: nccl:all_reduce #" in stack.summary, stack.summary
+        with pytest.raises(nbaccel.LaunchTimeoutError) as caught:
+            pool.run(two_all_reduces_then_wait, timeout=8)
+        where = caught.value.outcomes[0].where
+        assert "time.sleep" in where and "; last collective: nccl:all_reduce #" in where, where

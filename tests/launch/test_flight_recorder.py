@@ -1,10 +1,11 @@
-"""NCCL's flight recorder in the stack summary (issue 14, item 11), decided here without a GPU.
+"""A stuck rank's last collective in the stack summary (issue 14, item 11), decided here without a GPU.
 
 The launcher turns the recorder on for NCCL ranks only; the rank points its pipe and dump into
 the launch's private folder; the kernel pokes the pipe and adds the newest entry to the summary.
 NCCL's watchdog is played by a real child process that does what torch's DumpPipe does (a FIFO
 ``<prefix><rank>.pipe`` read without blocking; on any byte, a pickled dump at ``<prefix><rank>``).
-The real watchdog answers in tests/gpu/test_gpu_paths.py.
+The real watchdog answers in tests/gpu/test_gpu_paths.py. On gloo (real ranks below) each rank's
+own thread says how many collectives it issued.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
+import psutil
 import pytest
 
+import nbaccel
 from nbaccel.launch.stacks import StackFiles
+from nbaccel.testing import CollectingSink, scaled
 from nbaccel.wire import flight_recorder
 from nbaccel.wire.rank_env import rank_environment
 
@@ -128,3 +133,38 @@ def test_a_dump_that_names_a_class_is_refused_not_run(tmp_path) -> None:
     path.write_bytes(pickle.dumps({"entries": []})[:5])  # half written
     assert flight_recorder.read_dump(str(path)) is None
 
+
+
+# -- gloo: no recorder, but each rank's count of collectives ----------------------------------------
+
+
+def one_collective_more_on_rank_zero() -> None:
+    import torch
+    import torch.distributed as dist
+
+    state = nbaccel.PartialState()
+    dist.all_reduce(torch.ones(1))  # both ranks: one collective each
+    if state.process_index == 1:
+        time.sleep(120)
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a partner that does not come
+
+
+@pytest.mark.timeout(150)
+def test_on_gloo_a_stuck_ranks_summary_says_how_many_collectives_each_rank_issued() -> None:
+    with pytest.raises(nbaccel.LaunchTimeoutError) as caught:
+        nbaccel.notebook_launcher(one_collective_more_on_rank_zero, num_processes=2, cpu=True, timeout=scaled(4), output=CollectingSink())
+    where = {o.rank: o.where for o in caught.value.outcomes}
+    assert where[0].startswith("rank 0: in `dist.all_reduce` at ") and where[0].endswith("; 2 collectives issued"), where
+    assert where[1].startswith("rank 1: in `time.sleep` at ") and where[1].endswith("; 1 collective issued"), where
+    assert "nbaccel-collective-count" not in caught.value.outcomes[0].stack  # nbaccel's own thread is not shown
+    assert psutil.Process().children() == []
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_without_a_group_adds_no_count() -> None:
+    def sleeper() -> None:
+        time.sleep(120)
+
+    with pytest.raises(nbaccel.LaunchTimeoutError) as caught:
+        nbaccel.notebook_launcher(sleeper, num_processes=1, cpu=True, timeout=scaled(3), output=CollectingSink())
+    assert "issued" not in caught.value.outcomes[0].where and "time.sleep" in caught.value.outcomes[0].where
