@@ -50,8 +50,13 @@ def answer_path(stack_file: str) -> str:
 def start_answering(stack_file: str) -> None:
     """Make the pipe and start the daemon thread that answers on it, for the rank's lifetime."""
     pipe = pipe_path(stack_file)
-    os.mkfifo(pipe, 0o600)
-    fd = os.open(pipe, os.O_RDWR)  # read-write: opening never blocks, and reads never see EOF
+    try:
+        if os.path.exists(pipe):
+            os.unlink(pipe)  # left by an earlier process of this rank: its reader is gone
+        os.mkfifo(pipe, 0o600)
+        fd = os.open(pipe, os.O_RDWR)  # read-write: opening never blocks, and reads never see EOF
+    except OSError:  # a folder without FIFOs: the summary just goes without the count
+        return
     threading.Thread(target=_answer_forever, args=(fd, answer_path(stack_file)), name="nbaccel-collective-count", daemon=True).start()
 
 
