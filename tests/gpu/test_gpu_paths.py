@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import nbaccel
-from nbaccel.pool import start_workers
+from nbaccel import start_workers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 

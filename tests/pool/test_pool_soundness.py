@@ -17,7 +17,7 @@ import pytest
 
 import nbaccel
 import nbaccel.pool.task as task_policy
-from nbaccel.pool import PoolStoppedError, start_workers
+from nbaccel import PoolStoppedError, start_workers
 
 pytestmark = pytest.mark.timeout(90)
 
