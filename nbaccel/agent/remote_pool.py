@@ -95,10 +95,10 @@ class ClusterWorkers(WorkerPool):
             raise NodeLostPoolError(self._lost_words())
         super()._check_alive(group)
 
-    def _tear_down(self, loop: EventLoop, policy: Task) -> None:
+    def _tear_down(self, loop: EventLoop, policy: Task, timeout: float | None) -> None:
         """A lost node's ranks ended mid-task: keep the survivors (inspect, then restart); else as on one node."""
         if not self.lost:
-            super()._tear_down(loop, policy)
+            super()._tear_down(loop, policy, timeout)
             return
         for outcome in loop.outcomes.values():
             if outcome.status is Status.RUNNING:

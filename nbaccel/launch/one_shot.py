@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any
 
 from nbaccel.errors import LaunchTimeoutError, RankFailedError
@@ -38,6 +39,9 @@ _STOP_WHY = {
 }
 
 _LINGER = 3.0  # seconds a rank that reported its error may take to exit by itself
+# Seconds every rank may take, once all returned, to leave its process group and exit. Gloo and a
+# healthy NCCL take well under a second; a stuck NCCL teardown would wait for its watchdog (10 min).
+TEARDOWN_BOUND = 10.0
 
 
 def run_launch(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
@@ -68,11 +72,15 @@ def run_attempt(launcher: Launcher, job: Job, plan: LaunchPlan, attempt: int, si
     """
     with SinkSession(sink, plan.num_processes, attempt) as session:
         group = launcher.start_group(job, plan, attempt, persistent=False)
+        policy = OneShot()
         try:
-            loop = session.watch(EventLoop(group, sink, OneShot(), deadline=plan.deadline, timeout=plan.timeout, stall_report=plan.stall_report))
+            loop = session.watch(EventLoop(group, sink, policy, deadline=plan.deadline, timeout=plan.timeout, stall_report=plan.stall_report))
             loop.run()
         finally:
             group.close()
+    if policy.killed_in_teardown:
+        ranks = ", ".join(map(str, policy.killed_in_teardown))
+        say(f"rank(s) {ranks} returned but did not leave the process group within {TEARDOWN_BOUND:g} s (stuck in destroy_process_group); nbaccel killed them, and their results are kept")
     if loop.interrupted:
         raise KeyboardInterrupt(where_ranks_were(loop.outcome_list()))
     if loop.timed_out:
@@ -85,6 +93,10 @@ class OneShot(Policy):
 
     abandons_on_interrupt = False
 
+    def __init__(self) -> None:
+        self._teardown_ends: float | None = None  # once every rank returned: when leaving must be over
+        self.killed_in_teardown: list[int] = []  # ranks killed because their teardown hung
+
     def done(self, loop: EventLoop) -> bool:
         return loop.ended.issuperset(loop.ranks)
 
@@ -92,6 +104,7 @@ class OneShot(Policy):
         if outcome.status is Status.SUCCEEDED:
             if all(o.status is Status.SUCCEEDED for o in loop.outcomes.values()):
                 loop.group.release()  # let ranks waiting to leave their process group go
+                self._teardown_ends = time.monotonic() + TEARDOWN_BOUND
         elif outcome.status is Status.FAILED:
             # A rank that reported its own error is exiting by itself: signalling it would race
             # its exit and lose its exit code; it is only killed if it lingers.
@@ -115,6 +128,18 @@ class OneShot(Policy):
                 outcome.status, outcome.signal = Status.INTERRUPTED, signal.SIGKILL
                 outcome.last_lines = list(loop.group.last_lines(outcome.rank))
                 loop.finish(outcome)
+
+    def wake_at(self) -> float | None:
+        return self._teardown_ends
+
+    def on_clock(self, loop: EventLoop, now: float) -> None:
+        """Kill the ranks still leaving their process group when the teardown bound passes."""
+        if self._teardown_ends is None or now < self._teardown_ends:
+            return
+        self._teardown_ends = None
+        self.killed_in_teardown = [rank for rank in loop.ranks if rank not in loop.ended]
+        if self.killed_in_teardown:
+            loop.group.signal(signal.SIGKILL, self.killed_in_teardown)  # the group reaps them
 
     def _stop(self, loop: EventLoop, reason: Status, spare: int | None = None) -> None:
         if not loop.begin_stop(reason):

@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass
 
 from nbaccel.launch.outcome import with_cell_names
+from nbaccel.rank import collective_count
 from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line_path
+from nbaccel.wire import flight_recorder
 
 __all__ = ["STACK_FILE_VARIABLE", "RankStack", "StackFiles", "summarise"]
 
@@ -39,9 +41,13 @@ _LIBRARY = re.compile(r"([/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|[/
 _ENGINE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\](rank|pool|wire)[/\\][^"]+\.py"')
 # A rank at its debugger prompt (nbaccel.rank.debugger): said as such, at the user's line below them.
 _DEBUGGER_FRAME = re.compile(r'File "[^"]*(nbaccel[/\\]rank[/\\]debugger\.py|nbaccel[/\\]wire[/\\]events\.py|[/\\](pdb|bdb|cmd)\.py)"')
+_HELPER_FRAME = re.compile(r'File "[^"]*nbaccel[/\\]rank[/\\]collective_count\.py"')  # nbaccel's own thread
+_IDLE = "idle, waiting for the next cell"
 _IDLE_FRAME = re.compile(r'File "[^"]*nbaccel[/\\]pool[/\\]serve\.py", line \d+ in _next_command')
 _SETTLE = 0.05  # a whole-looking dump is complete when the file stops growing for this long
 _SETTLE_UNSURE = 0.3  # a dump whose end cannot be told (a frame line that was cut short, say)
+_RECORDER_WAIT = 2.5  # NCCL's watchdog looks at its pipe about once a second
+_COUNT_WAIT = 0.5  # a rank's answering thread needs the GIL, which a rank stuck in Python code holds
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ def summarise(rank: int, dump: str) -> str:
     if _at_debugger_prompt(main):
         return _at_prompt(rank, main)
     if _IDLE_FRAME.search(main):
-        return f"rank {rank}: idle, waiting for the next cell"
+        return f"rank {rank}: {_IDLE}"
     frames = list(_FRAME.finditer(without_launch_frames(main))) or list(_FRAME.finditer(main))[:1]
     for index, frame in enumerate(frames):
         path, line = frame.group("file"), int(frame.group("line"))
@@ -134,7 +140,7 @@ def without_launch_frames(dump: str) -> str:
 
 def _main_thread(dump: str) -> str:
     """The thread running the rank's job (its stack starts in nbaccel's bootstrap), else the current one."""
-    blocks = _thread_blocks(dump)
+    blocks = [block for block in _thread_blocks(dump) if not _HELPER_FRAME.search(block)]
     for block in blocks:
         if _ENGINE_FRAME.search(block):
             return block
@@ -168,9 +174,43 @@ class StackFiles:
                 os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
             except ProcessLookupError:
                 pass
+        recording = [rank for rank in pids if flight_recorder.request_dump(self.folder, rank)]  # NCCL ranks only
+        counting = [rank for rank in pids if rank not in recording and _ask_count(self.path(rank))]
         texts = self._read_settled(pids, time.monotonic() + timeout)
         texts = {rank: text for rank, text in texts.items() if text or _alive(pids[rank])}
-        return {rank: _answer(rank, text) for rank, text in texts.items()}
+        notes = self._counts(counting, time.monotonic() + _COUNT_WAIT)
+        notes.update(self._last_collectives(recording, time.monotonic() + _RECORDER_WAIT))
+        return {rank: _answer(rank, text, notes.get(rank)) for rank, text in texts.items()}
+
+    def _counts(self, ranks: list[int], deadline: float) -> dict[int, str]:
+        """'7 collectives issued' (on the default group) for each rank whose answering thread replied in time (a group)."""
+        found: dict[int, str] = {}
+        pending = set(ranks)
+        while pending and time.monotonic() < deadline:
+            for rank in sorted(pending):
+                path = collective_count.answer_path(self.path(rank))
+                if os.path.exists(path):  # written whole, by rename
+                    pending.discard(rank)
+                    answer = _read(path)
+                    if answer.strip().isdigit():
+                        found[rank] = f"{int(answer)} collective{'' if int(answer) == 1 else 's'} issued"
+            time.sleep(0.01)
+        return found
+
+    def _last_collectives(self, ranks: list[int], deadline: float) -> dict[int, str]:
+        """Each NCCL rank's newest flight-recorder entry, as its watchdog dumps it (within about a second)."""
+        found: dict[int, str] = {}
+        pending = set(ranks)
+        while pending and time.monotonic() < deadline:
+            for rank in sorted(pending):
+                dump = flight_recorder.read_dump(flight_recorder.dump_path(self.folder, rank))
+                if dump is not None:
+                    pending.discard(rank)
+                    line = flight_recorder.describe_last(dump)
+                    if line:
+                        found[rank] = line
+            time.sleep(0.02)
+        return found
 
     def _read_settled(self, pids: dict[int, int], deadline: float) -> dict[int, str]:
         """Each rank's dump once it looks whole and the file stopped growing (faulthandler writes
@@ -206,8 +246,42 @@ def _is_whole(text: str, path: str) -> bool:
     return text.endswith((_read(last_line_path(path)) or "\0", "  ...\n"))
 
 
-def _answer(rank: int, text: str) -> RankStack:
-    return RankStack(rank, with_cell_names(without_launch_frames(text)), summarise(rank, text))
+def _ask_count(stack_file: str) -> bool:
+    """Ask the rank's answering thread for its collective count; False when it has none to ask."""
+    try:
+        os.unlink(collective_count.answer_path(stack_file))  # never read the last request's answer
+    except OSError:
+        pass
+    try:
+        fd = os.open(collective_count.pipe_path(stack_file), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no pipe (a rank from before this existed, or one that has not started)
+        return False
+    try:
+        os.write(fd, b"?")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _answer(rank: int, text: str, last_collective: str | None = None) -> RankStack:
+    text = "".join(block for block in _thread_blocks(text) if not _HELPER_FRAME.search(block)) or text
+    summary = summarise(rank, text)
+    if summary.endswith(_IDLE):  # between cells: in step, or the workers would have been stopped
+        last_collective = None
+    return RankStack(rank, with_cell_names(without_launch_frames(text)), with_last_collective(summary, last_collective))
+
+
+def with_last_collective(summary: str, last_collective: str | None) -> str:
+    """The summary, with the rank's last collective where the flight recorder said it (NCCL), or
+    its count of collectives (gloo, from the rank's answering thread).
+
+    Example:
+        >>> with_last_collective("rank 1: in `loss.item` at Cell In[3], line 4", "last collective: nccl:all_reduce #12 (started)")
+        'rank 1: in `loss.item` at Cell In[3], line 4; last collective: nccl:all_reduce #12 (started)'
+    """
+    return f"{summary}; {last_collective}" if last_collective else summary
 
 
 def _alive(pid: int) -> bool:

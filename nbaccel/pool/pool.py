@@ -22,15 +22,18 @@ from nbaccel.launch.local import LocalLauncher
 from nbaccel.launch.loop import EventLoop, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
-from nbaccel.launch.outcome import Status, exit_words, root_cause, where_ranks_were
+from nbaccel.launch.outcome import RankOutcome, Status, exit_words, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.seam import Launcher, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
+from nbaccel.output.sinks import CollectingSink
+from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
+from nbaccel.pool.in_step import CollectiveCount, out_of_step
 from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
-from nbaccel.pool.task import Task
+from nbaccel.pool.task import Task, raise_stuck_error
 from nbaccel.pool.tasks import Assign, CallFunction, Fetch, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.bootstrap import Job
@@ -43,6 +46,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
 
 _LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_LEAVE_GRACE = 2.0  # seconds the workers have, together, to leave their process group on a stop
+_COUNT_TIMEOUT = 10.0  # seconds for idle workers to say how many collectives they issued
 
 
 class PoolStoppedError(NbaccelError):
@@ -78,6 +83,7 @@ class WorkerPool:
         self.devices: list[str] = []
         self._last_task = ""
         self.last_failed_rank: int | None = None  # the root cause of the last task that failed
+        self._checking = False  # asking the ranks for their collective counts (after a bad task)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -127,7 +133,11 @@ class WorkerPool:
                         group.send(rank, Kind.STOP, b"")
                     except OSError:
                         pass
-                wait_until_ended(group, grace=2.0 + exit_hooks.timeout())  # returns as soon as all ended
+                grace = _LEAVE_GRACE + exit_hooks.timeout()  # the ranks' own atexit handlers run first
+                wait_until_ended(group, grace=grace)  # returns as soon as all ended
+                lingering = [rank for rank in range(self.num_processes) if group.returncode(rank) is None]
+                if lingering:
+                    say(f"rank(s) {', '.join(map(str, lingering))} did not leave the process group within {grace:g} s of the stop (stuck in destroy_process_group); killed them")
         finally:
             group.close()  # also after an interrupt while waiting: nothing outlives this
 
@@ -264,7 +274,9 @@ class WorkerPool:
     def _raise_for(self, loop: EventLoop, policy: Task, timeout: float | None) -> None:
         outcomes = loop.outcome_list()
         if policy.exited or policy.stuck(loop):
-            self._tear_down(loop, policy)
+            self._tear_down(loop, policy, timeout)
+        elif (loop.stop_reason is not None or root_cause(outcomes) is not None) and not self._checking:
+            self._keep_only_if_sound(outcomes)
         if loop.stop_reason is Status.INTERRUPTED:
             raise KeyboardInterrupt(where_ranks_were(outcomes))
         if loop.stop_reason is Status.TIMED_OUT and not any(o.status is Status.FAILED for o in outcomes):
@@ -274,7 +286,31 @@ class WorkerPool:
             self.last_failed_rank = root.rank
             raise RankFailedError(root, outcomes)
 
-    def _tear_down(self, loop: EventLoop, policy: Task) -> None:
+    def _keep_only_if_sound(self, outcomes: list[RankOutcome]) -> None:
+        """After a task that failed or was stopped: stop the workers when they cannot go on.
+
+        A rank whose CUDA context died fails every later cell; ranks that issued different
+        numbers of collectives would pair the wrong ones in the next cell (nbaccel.pool.in_step).
+        """
+        dead = ranks_with_dead_cuda(outcomes)
+        why = dead_cuda_notice(dead) if dead else self._out_of_step()
+        if why is not None and self.alive:
+            self.stop(graceful=False)
+            say(why)
+
+    def _out_of_step(self) -> str | None:
+        """Why the workers' process group cannot be trusted any more, or None when it can."""
+        self._checking = True  # the check is a task too: its own outcome is not checked again
+        try:
+            counts = self.run_task(CollectiveCount(), ranks=range(self.num_processes), output=CollectingSink(), remember=False, timeout=_COUNT_TIMEOUT)
+        except (NbaccelError, KeyboardInterrupt) as exc:  # workers that cannot even answer this
+            return f"the workers could not say how many collectives they issued ({type(exc).__name__}); the workers were stopped. Start new ones (%distributed start)."
+        finally:
+            self._checking = False
+        step = out_of_step(counts)
+        return None if step is None else f"{step}; the workers were stopped. Start new ones (%distributed start)."
+
+    def _tear_down(self, loop: EventLoop, policy: Task, timeout: float | None) -> None:
         """A rank died or is stuck: the process group cannot be trusted; stop every rank."""
         crashed = [o for o in policy.exited if o.rank >= 0]
         stuck = policy.stuck(loop)
@@ -289,7 +325,9 @@ class WorkerPool:
             raise error
         reason = f"rank(s) {', '.join(map(str, stuck))} did not stop within {policy.grace:g} s of the interrupt (stuck in a collective or native code)" if stuck else "interrupted twice"
         say(f"{reason}; the workers were stopped. Start new ones (%distributed start).")
-        raise KeyboardInterrupt(f"{reason}; the workers were stopped")
+        if not stuck:
+            raise KeyboardInterrupt(f"{reason}; the workers were stopped")
+        raise_stuck_error(loop, reason, timeout)
 
     def _status_of(self, rank: int, answer: Any) -> WorkerStatus:
         group = self._require_group()

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import NoReturn
 
+from nbaccel.errors import LaunchTimeoutError, RankFailedError
 from nbaccel.launch.loop import EventLoop, Policy
-from nbaccel.launch.outcome import RankOutcome, Status
+from nbaccel.launch.outcome import RankOutcome, Status, root_cause
 
 INTERRUPT_GRACE = 10.0
 
@@ -76,3 +78,16 @@ class Task(Policy):
             loop.collect_stacks(loop.running(), _WHY[reason])
             self._grace_ends = time.monotonic() + self.grace
             loop.escalate([(0.0, signal.SIGINT)], loop.running(), keep=True)
+
+
+def raise_stuck_error(loop: EventLoop, reason: str, timeout: float | None) -> NoReturn:
+    """The error of a task whose ranks would not stop (the workers were stopped): what started
+    the stop, so a peer's failure reads as that failure and a timeout as a timeout, never as an
+    interrupt nobody pressed. ``reason`` says which ranks did not stop."""
+    outcomes = loop.outcome_list()
+    root = root_cause(outcomes)
+    if loop.stop_reason in (Status.STOPPED, Status.TIMED_OUT) and root is not None:
+        raise RankFailedError(root, outcomes)
+    if loop.stop_reason is Status.TIMED_OUT:
+        raise LaunchTimeoutError(timeout or 0.0, loop.running_at_timeout, outcomes, what="the cell on the workers")
+    raise KeyboardInterrupt(f"{reason}; the workers were stopped")

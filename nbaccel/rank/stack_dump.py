@@ -14,9 +14,13 @@ Example::
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 from typing import IO
+
+from nbaccel.rank import collective_count
+from nbaccel.wire import flight_recorder
 
 STACK_SIGNAL = signal.SIGUSR2
 STACK_FILE_VARIABLE = "NBACCEL_STACK_FILE"
@@ -33,6 +37,11 @@ def install(path: str | None) -> None:
     with open(last_line_path(path), "w", encoding="utf-8") as last:
         last.write(_outermost_frame_line())
     faulthandler.register(STACK_SIGNAL, file=_dump_file, all_threads=True, chain=False)
+    collective_count.start_answering(path)  # the count of collectives, which no dump can show
+    if os.environ.get(flight_recorder.BUFFER_VARIABLE, "0") not in ("", "0"):
+        # Before any process group exists: NCCL's watchdog reads these when it starts.
+        for name, value in flight_recorder.recorder_paths(path).items():
+            os.environ.setdefault(name, value)
 
 
 def last_line_path(path: str) -> str:

@@ -8,6 +8,8 @@ Example:
     >>> from nbaccel.state.launch_env import LaunchEnvironment
     >>> join_default_group(LaunchEnvironment(), "gloo", {}) is None  # one process: no group
     True
+
+A launched rank gets a group even alone (world size 1), as under Accelerate: ``launched_alone``.
 """
 
 from __future__ import annotations
@@ -43,13 +45,35 @@ def current_group() -> GroupInfo | None:
     return GroupInfo(dist.get_world_size(), dist.get_rank(), str(dist.get_backend()))
 
 
-def join_default_group(env: LaunchEnvironment, backend: str, kwargs: dict[str, Any]) -> GroupInfo | None:
-    """Use the existing default group or create it when the environment describes several processes.
+def launched_alone(env: LaunchEnvironment, device_type: str, cpu_requested: bool) -> bool:
+    """Whether this is the one rank of a launch (world size 1) that still gets a process group.
+
+    Accelerate creates the group whenever ``LOCAL_RANK`` is set, on an accelerator or with
+    ``cpu=True`` (``accelerate/state.py``, ``_prepare_backend``), so a single launched rank can
+    wrap its model in ``DistributedDataParallel``. On a CPU without ``cpu=True`` it creates
+    none; nbaccel's CPU launch exports ``ACCELERATE_USE_CPU``, which counts as the request here.
+
+    Example:
+        >>> one = LaunchEnvironment(world_size=1, rank=0, local_rank=0)
+        >>> launched_alone(one, "cuda", False), launched_alone(one, "cpu", True), launched_alone(one, "cpu", False)
+        (True, True, False)
+    """
+    launched = env.local_rank is not None and env.world_size == 1
+    return launched and (device_type == "cuda" or cpu_requested)
+
+
+def join_default_group(
+    env: LaunchEnvironment, backend: str, kwargs: dict[str, Any], *, alone: bool = False, device: torch.device | None = None
+) -> GroupInfo | None:
+    """Use the existing default group or create it when the environment describes a launch.
 
     Args:
         env: the launch variables of this process.
         backend: the backend to create the group with (unless ``kwargs`` names one).
         kwargs: extra arguments for ``torch.distributed.init_process_group``.
+        alone: create a group of one too (``launched_alone``).
+        device: this process's CUDA device; an nccl group is bound to it (``device_id=``), so
+            NCCL's communicator is made now, and a failure to make it is raised here.
 
     Returns:
         The group's view of this process, or None for a single process without a group.
@@ -68,8 +92,8 @@ def join_default_group(env: LaunchEnvironment, backend: str, kwargs: dict[str, A
             "state cannot take effect. Drop them, or create the state before calling "
             "torch.distributed.init_process_group yourself."
         )
-    if existing is None and env.is_distributed:
-        existing = _create(env, backend, kwargs)
+    if existing is None and (env.is_distributed or alone):
+        existing = _create(env, backend, _with_device_id(backend, kwargs, device))
     if existing is not None:
         check_agreement(env, existing)
     return existing
@@ -111,6 +135,24 @@ def destroy(group: Any = None) -> None:
     """Destroy ``group`` (default: the default group); nothing happens when there is none."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group(group)
+
+
+def _with_device_id(backend: str, kwargs: dict[str, Any], device: torch.device | None) -> dict[str, Any]:
+    """``kwargs`` plus ``device_id`` for an nccl group on a CUDA device (unless given).
+
+    Without it torch makes the NCCL communicator lazily, at the first collective: a worker pool
+    would say READY before NCCL is up, and NCCL's set-up errors would land in the first cell.
+
+    Example:
+        >>> _with_device_id("nccl", {}, torch.device("cuda", 1))
+        {'device_id': device(type='cuda', index=1)}
+        >>> _with_device_id("gloo", {}, None)
+        {}
+    """
+    chosen = str(kwargs.get("backend", backend))
+    if device is None or device.type != "cuda" or "nccl" not in chosen or "device_id" in kwargs:
+        return kwargs
+    return {**kwargs, "device_id": device}
 
 
 def _create(env: LaunchEnvironment, backend: str, kwargs: dict[str, Any]) -> GroupInfo:

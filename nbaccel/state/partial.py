@@ -80,8 +80,10 @@ class PartialState(ProcessControl):
     Every instance shares one state, set up at the first instantiation: it reads the launch
     environment (RANK, WORLD_SIZE, LOCAL_RANK, ... as set by nbaccel's launcher, torchrun or
     ``accelerate launch``) and, when there are several processes and torch.distributed is not
-    initialised yet, creates the default process group (gloo on CPU, nccl on CUDA). A group you
-    created yourself is used as it is. Rank and world size come from the group.
+    initialised yet, creates the default process group (gloo on CPU, nccl on CUDA). A launched
+    rank alone (LOCAL_RANK set, WORLD_SIZE=1) gets a group of one on a GPU, or on the CPU when
+    the CPU was asked for (as Accelerate does), so ``DistributedDataParallel(model)`` works. A
+    group you created yourself is used as it is. Rank and world size come from the group.
 
     Args:
         cpu: run on the CPU (gloo) even when a GPU is visible. ``ACCELERATE_USE_CPU=true`` and a
@@ -222,14 +224,17 @@ def _set_up(cpu: bool, kwargs: dict[str, Any]) -> _Snapshot:
     """Read the environment, join (or create) the process group, and snapshot the result."""
     env = LaunchEnvironment.read()
     device_type = _device_type(cpu, env)
-    if device_type == "cuda" and env.is_distributed and process_group.current_group() is None:
+    alone = process_group.launched_alone(env, device_type, cpu or env.use_cpu or env.device_type == "cpu")
+    device = None
+    if device_type == "cuda" and (env.is_distributed or alone) and process_group.current_group() is None:
         # Before the group exists, so that nccl binds this rank's GPU.
-        torch.cuda.set_device(_device(device_type, env.local_index(env.rank or 0)))
-    group = process_group.join_default_group(env, process_group.default_backend(device_type), dict(kwargs))
+        device = _device(device_type, env.local_index(env.rank or 0))
+        torch.cuda.set_device(device)
+    group = process_group.join_default_group(env, process_group.default_backend(device_type), dict(kwargs), alone=alone, device=device)
     local_index = env.local_index(group.rank if group else 0)
     return _Snapshot(
         device=_device(device_type, local_index),
-        distributed_type=_distributed_type(group, device_type),
+        distributed_type=_distributed_type(group, device_type, launched=env.local_rank is not None),
         backend=group.backend if group else None,
         num_processes=group.world_size if group else 1,
         process_index=group.rank if group else 0,
@@ -267,8 +272,10 @@ def cuda_device_count() -> int:
     return nvml.visible_count()
 
 
-def _distributed_type(group: GroupInfo | None, device_type: str) -> DistributedType:
-    if group is None or group.world_size == 1:
+def _distributed_type(group: GroupInfo | None, device_type: str, launched: bool) -> DistributedType:
+    # A launched rank with a group is MULTI_* even alone, as in Accelerate (code that wraps the
+    # model in DDP when the type is not NO then finds the group it needs).
+    if group is None or (group.world_size == 1 and not launched):
         return DistributedType.NO
     return DistributedType.MULTI_GPU if device_type == "cuda" else DistributedType.MULTI_CPU
 

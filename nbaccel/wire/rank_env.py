@@ -19,6 +19,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
 
+from nbaccel.wire import flight_recorder
+
 # Variables the state reads. Kept here so the launcher and the state agree on one spelling.
 FORK_LAUNCHED = "NBACCEL_FORK_LAUNCHED"  # "1" when nbaccel forked this process; it owns teardown
 DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda" or "cpu": what the launcher chose for the ranks
@@ -109,6 +111,9 @@ def rank_environment(
     }
     if device_type == "cpu":
         env[ACCELERATE_USE_CPU] = "true"
+    elif device_type == "cuda" and not any(name in inherited for name in flight_recorder.USER_NAMES):
+        # NCCL's flight recorder: which collective a stuck rank is in (nbaccel.wire.flight_recorder).
+        env[flight_recorder.BUFFER_VARIABLE] = flight_recorder.BUFFER_DEFAULT
     if visible_gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = _physical_devices(visible_gpus, inherited.get("CUDA_VISIBLE_DEVICES"))
     loopback = loopback_interface()

@@ -417,3 +417,50 @@ def under_accelerate_debug_launcher() -> None:
 def test_state_under_accelerates_debug_launcher():
     accelerate = pytest.importorskip("accelerate")
     accelerate.debug_launcher(under_accelerate_debug_launcher, num_processes=2)
+
+
+# -- a launched rank alone (issue 14, item 3) -------------------------------------------------------
+
+
+def ddp_alone(request_cpu: str) -> dict:
+    """One launched CPU rank: nbaccel's state (and Accelerate's) make a group of one; DDP works."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    from nbaccel import PartialState
+    from nbaccel.state import reset_all_states
+
+    if request_cpu == "none":  # a CPU launch that did not ask for the CPU: no group, as in Accelerate
+        for name in ("ACCELERATE_USE_CPU", "NBACCEL_DEVICE_TYPE"):
+            os.environ.pop(name)
+    state = PartialState(cpu=request_cpu == "argument")
+    seen = {"type": state.distributed_type.value, "backend": state.backend, "n": state.num_processes,
+            "group": dist.is_initialized(), "use_distributed": state.use_distributed}
+    if dist.is_initialized():
+        model = nn.parallel.DistributedDataParallel(nn.Linear(2, 1))
+        model(torch.ones(3, 2)).sum().backward()  # the gradients' all-reduce, on the group of one
+        seen["grad_shape"] = tuple(model.module.weight.grad.shape)
+        state.wait_for_everyone()
+    accelerate = __import__("importlib").util.find_spec("accelerate")
+    if accelerate is not None and request_cpu != "none":
+        from accelerate import PartialState as AcceleratePartialState
+
+        reset_all_states()
+        theirs = AcceleratePartialState(cpu=True)
+        seen["accelerate"] = (str(theirs.distributed_type).split(".")[-1], theirs.backend, theirs.num_processes)
+    return seen
+
+
+@pytest.mark.parametrize("request_cpu", ["launch", "argument", "none"])
+def test_a_launched_rank_alone_gets_a_group_of_one_as_under_accelerate(request_cpu):
+    [got] = launch(ddp_alone, args=(request_cpu,), num_processes=1)
+    if request_cpu == "none":
+        assert got == {"type": "NO", "backend": None, "n": 1, "group": False, "use_distributed": False}
+        return
+    accelerate_saw = got.pop("accelerate", None)
+    assert got == {"type": "MULTI_CPU", "backend": "gloo", "n": 1, "group": True, "use_distributed": False, "grad_shape": (1, 2)}
+    if accelerate_saw is not None:
+        assert accelerate_saw == ("MULTI_CPU", "gloo", 1)

@@ -397,3 +397,15 @@ def test_reset_all_states_resets_the_three_states():
 
 def test_errors_are_nbaccel_errors():
     assert issubclass(StateResetError, NbaccelError) and issubclass(StateResetError, AttributeError)
+
+
+
+def test_device_id_binds_an_nccl_group_to_the_rank_gpu():
+    from nbaccel.state.default_group import _with_device_id
+
+    cuda1 = torch.device("cuda", 1)
+    assert _with_device_id("nccl", {"timeout": 5}, cuda1) == {"timeout": 5, "device_id": cuda1}
+    assert _with_device_id("gloo", {"backend": "cuda:nccl,cpu:gloo"}, cuda1)["device_id"] == cuda1
+    assert _with_device_id("nccl", {"device_id": torch.device("cuda", 0)}, cuda1)["device_id"].index == 0
+    assert "device_id" not in _with_device_id("gloo", {}, torch.device("cpu"))
+    assert "device_id" not in _with_device_id("nccl", {}, None)

@@ -1,0 +1,69 @@
+"""How many collectives this rank issued on its default group, told to the kernel even while stuck.
+
+torch counts the collectives each process issued on a group (its sequence number). Ranks that
+disagree about it pair the wrong collectives. On gloo there is no flight recorder, so the count
+is the one thing that says which rank is behind when ranks are stuck; it lives in the process, out
+of reach of ``faulthandler``'s dump. A daemon thread answers for it: it blocks on a named pipe in
+the launch's private stack folder (no cost until asked) and, on a byte from the kernel, writes
+the count beside it. Collectives release the GIL while they wait, so it answers then too.
+
+Example:
+    >>> collective_count() is None  # no process group here
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+_ANSWER_SUFFIX = ".count"
+_PIPE_SUFFIX = ".count.pipe"
+
+
+def collective_count() -> int | None:
+    """The default group's sequence number in this process, or None without a group (or a torch
+    that keeps no count)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    counter = getattr(dist.group.WORLD, "_get_sequence_number_for_group", None)
+    if counter is None:
+        return None
+    try:
+        return int(counter())
+    except RuntimeError:  # a backend that keeps no count (some third-party ones)
+        return None
+
+
+def pipe_path(stack_file: str) -> str:
+    """The named pipe the kernel writes to, to ask the rank dumping to ``stack_file``."""
+    return stack_file + _PIPE_SUFFIX
+
+
+def answer_path(stack_file: str) -> str:
+    """Where that rank writes its count ("" without a group)."""
+    return stack_file + _ANSWER_SUFFIX
+
+
+def start_answering(stack_file: str) -> None:
+    """Make the pipe and start the daemon thread that answers on it, for the rank's lifetime."""
+    pipe = pipe_path(stack_file)
+    try:
+        if os.path.exists(pipe):
+            os.unlink(pipe)  # left by an earlier process of this rank: its reader is gone
+        os.mkfifo(pipe, 0o600)
+        fd = os.open(pipe, os.O_RDWR)  # read-write: opening never blocks, and reads never see EOF
+    except OSError:  # a folder without FIFOs: the summary just goes without the count
+        return
+    threading.Thread(target=_answer_forever, args=(fd, answer_path(stack_file)), name="nbaccel-collective-count", daemon=True).start()
+
+
+def _answer_forever(fd: int, answer: str) -> None:
+    while os.read(fd, 64):
+        count = collective_count()
+        partial = answer + ".partial"
+        with open(partial, "w", encoding="utf-8") as out:
+            out.write("" if count is None else str(count))
+        os.replace(partial, answer)  # whole or absent: the kernel never reads half an answer
