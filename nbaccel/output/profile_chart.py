@@ -40,7 +40,17 @@ def timeline_png(profiles: Sequence[RankProfile], start_ns: int) -> bytes | None
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
+    _close_fonts()
     return buffer.getvalue()
+
+
+def _close_fonts() -> None:
+    """Drop matplotlib's cache of open font files: the kernel keeps no fds for one picture."""
+    from matplotlib import font_manager
+
+    clear = getattr(getattr(font_manager, "_get_font", None), "cache_clear", None)
+    if clear is not None:
+        clear()
 
 
 def _coarse(spans: list[Span]) -> list[Span]:
