@@ -11,8 +11,6 @@ Example:
     >>> slow = RankProfile(1, wall=3.0, compute=2.9, collectives=0.1, waiting={})
     >>> straggler_words([fast, slow])
     'rank 1 spent 1.9 s more in compute; rank 0 waited 1.8 s in all_reduce'
-    >>> wall_straggler({0: 1.0, 1: 1.1, 2: 4.0})
-    'rank 2 took 4.0 s, 3.6x the median of 1.1 s'
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ _NOT_COMPUTE_PREFIXES = ("c10d::", "record_param_comms", "ProfilerStep", "gloo:"
 _COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")
 _STRAGGLER_MIN_S = 0.05  # a compute gap below this is noise, not a straggler
 _STRAGGLER_FRACTION = 0.1  # ... and one below a tenth of the median compute too
-_WALL_RATIO, _WALL_MIN_S = 1.5, 1.0  # a rank slower than 1.5x the median and by over a second
 
 
 @dataclass
@@ -167,18 +164,6 @@ def straggler_words(profiles: Sequence[RankProfile]) -> str | None:
         who = f"rank {waiters[0].rank}" if len(waiters) == 1 else "ranks " + ", ".join(str(p.rank) for p in waiters)
         words += f"; {who} waited {seconds:.1f} s in {name}"
     return words
-
-
-def wall_straggler(elapsed: Mapping[int, float]) -> str | None:
-    """One line when a rank took far longer than the others (1.5x the median and over 1 s more)."""
-    if len(elapsed) < 2:
-        return None
-    median = statistics.median(elapsed.values())
-    rank = max(elapsed, key=lambda r: elapsed[r])
-    slowest = elapsed[rank]
-    if slowest < _WALL_RATIO * median or slowest - median <= _WALL_MIN_S:
-        return None
-    return f"rank {rank} took {slowest:.1f} s, {slowest / median:.1f}x the median of {median:.1f} s"
 
 
 def table_rows(profiles: Sequence[RankProfile]) -> list[list[str]]:

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from nbaccel.launch.outcome import RankOutcome, Status
 from nbaccel.output.status_words import RUNNING, elapsed_words, failure_headline, rank_state
+from nbaccel.output.stragglers import wall_straggler
 from nbaccel.output.widgets.live_view import LaunchView, ranks_words
 from nbaccel.output.widgets.static_view import static_bundle
 from nbaccel.wire import rich
@@ -272,6 +273,9 @@ class LiveViewSink:
         for panel in view.panels.values():
             panel.sync()
         summary = self._summary(self.clock() - self._started_at)
+        straggler = wall_straggler(self._elapsed)
+        if straggler:
+            summary = f"{summary}; {straggler}"
         view.set_clock(summary)
         try:
             assert self.display_id is not None
