@@ -85,6 +85,7 @@ class EventLoop:
         deadline: float | None = None,
         timeout: float | None = None,
         stall_report: float | None = None,
+        sampler: ResourceSampler | None = None,
     ) -> None:
         self.group = group
         self.sink = sink
@@ -105,7 +106,7 @@ class EventLoop:
         self._desk: DebugDesk | None = None  # made at a rank's first debugger prompt
         self._held_since: float | None = None  # a rank is in the debugger: the clocks stand still
         self._selector = selectors.DefaultSelector()
-        self.sampler = _sampler_for(group)  # each local rank's CPU and memory, once a second
+        self.sampler = sampler or sampler_for(group)  # each local rank's CPU and memory, once a second (a pool's: its lifetime peaks)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -306,7 +307,7 @@ class EventLoop:
             self.group.signal(sig, ranks)
 
 
-def _sampler_for(group: RankGroup) -> ResourceSampler | None:
+def sampler_for(group: RankGroup) -> ResourceSampler | None:
     """A sampler of the group's processes on this node (a group across nodes has none here)."""
     local_pids = getattr(group, "local_pids", None)
     return ResourceSampler(local_pids(), time.monotonic()) if callable(local_pids) else None

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nbaccel.wire.sizes import gib
+
 _ROOTS_V1 = ("/sys/fs/cgroup/memory",)
 _ROOTS_V2 = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 _NO_LIMIT = 2**60  # v1 writes "no limit" as a page-rounded 2**63
@@ -85,13 +87,6 @@ def oom_words(peak: int, limit: int | None) -> str:
     """``killed by the out-of-memory killer (peak 21.3 GiB of 24.0 GiB)``."""
     of = f" of {gib(limit)}" if limit else ""
     return f"killed by the out-of-memory killer (peak {gib(peak)}{of})"
-
-
-def gib(size: int) -> str:
-    """Bytes as the unit a person reads: ``1.5 GiB``, ``312 MiB``."""
-    if size >= 2**30:
-        return f"{size / 2**30:.1f} GiB"
-    return f"{size / 2**20:.0f} MiB"
 
 
 def _read_int(path: Path) -> int | None:

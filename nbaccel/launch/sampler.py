@@ -57,7 +57,7 @@ class ResourceSampler:
         """
         self._next = now + self.period
         samples = {}
-        for rank in self.pids if ranks is None else ranks:
+        for rank in self.pids if ranks is None else [r for r in ranks if r in self.pids]:
             sample = self._sample_one(rank, now)
             if sample is not None:
                 samples[rank] = self.latest[rank] = sample

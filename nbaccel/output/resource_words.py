@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nbaccel.launch.memory_limit import gib
+from nbaccel.wire.sizes import gib
 
 
 def resource_words(sample: Mapping[str, Any]) -> str:

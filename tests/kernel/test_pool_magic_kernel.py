@@ -98,10 +98,10 @@ def test_push_and_pull_between_the_notebook_and_the_ranks(workers: Kernel) -> No
 def test_status_shows_every_rank(workers: Kernel) -> None:
     ok(workers, "%%distributed\nx = 1")
     lines = ok(workers, "%distributed status").stdout.splitlines()
-    assert lines[0].split() == ["rank", "pid", "device", "state", "memory", "last", "cell"]
+    assert lines[0].split() == ["rank", "pid", "device", "state", "cpu", "memory", "peak", "last", "cell"]
     for rank, line in enumerate(lines[1:]):
         fields = line.split()
-        assert fields[0] == str(rank) and fields[2:4] == ["cpu", "idle"] and fields[5] == "MiB" and line.endswith("x = 1")
+        assert fields[0] == str(rank) and fields[2:4] == ["cpu", "idle"] and fields[4].endswith("%") and fields[6] in ("MiB", "GiB") and line.endswith("x = 1")
         assert psutil.Process(int(fields[1])).ppid() == workers.pid
 
 

@@ -111,8 +111,8 @@ def test_stop_restart_and_status(ip: InteractiveShell, pool: FakePool, capsys: p
     cell(ip, "%%distributed\nkept = 1")
     ip.run_line_magic("distributed", "status")
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["rank", "pid", "device", "state", "memory", "last", "cell"]
-    assert table[1].split() == ["0", "1000", "cpu", "idle", "100", "MiB", "kept", "=", "1"]
+    assert table[0].split() == ["rank", "pid", "device", "state", "cpu", "memory", "peak", "last", "cell"]
+    assert table[1].split() == ["0", "1000", "cpu", "idle", "-", "100", "MiB", "-", "kept", "=", "1"]
     ip.run_line_magic("distributed", "restart")
     assert pool.restarted == 1 and "fresh namespaces" in capsys.readouterr().out
     ip.run_line_magic("distributed", "stop")
