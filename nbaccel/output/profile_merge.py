@@ -34,7 +34,7 @@ _TID_STRIDE = 1_000_000  # threads of a file's other pids: renumbered above this
 
 def event_ns(event: Mapping[str, Any], base_ns: int) -> int:
     """The Unix-epoch ns of a trace event's ``ts`` (microseconds from the file's base)."""
-    return int(round(float(event["ts"]) * 1000)) + base_ns
+    return round(float(event["ts"]) * 1000) + base_ns
 
 
 def merge_traces(traces: Mapping[int, Mapping[str, Any]], common_ns: int, lane_names: Mapping[int, str] | None = None) -> dict[str, Any]:

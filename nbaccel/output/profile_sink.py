@@ -164,6 +164,6 @@ def _display(bundle: dict[str, Any]) -> None:
     if frontend.in_kernel():
         from IPython.display import display
 
-        display({k: v for k, v in bundle.items() if k != "image/png"}, raw=True)
+        display({k: v for k, v in bundle.items() if k != "image/png"}, raw=True)  # type: ignore[no-untyped-call]  # IPython is unannotated
     else:
         print(bundle["text/plain"])

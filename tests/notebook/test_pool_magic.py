@@ -50,7 +50,7 @@ def test_commands_and_options_are_parsed() -> None:
 @pytest.mark.parametrize(
     ("line", "words"),
     [
-        ("", "%distributed needs a command: start, stop, restart, status, stacks, debug, push, pull"),
+        ("", "%distributed needs a command: start, stop, restart, status, free, stacks, debug, push, pull"),
         ("launch", "invalid choice: 'launch'"),
         ("start -n 0", "expected a whole number >= 1, got '0'"),
         ("start --gpus a,b", "expected device indices"),
