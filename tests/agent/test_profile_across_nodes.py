@@ -38,3 +38,23 @@ def test_a_profiled_launch_across_two_agents_merges_every_ranks_trace_and_names_
     for rank in range(4):
         assert any(e["pid"] == rank and e.get("name") == "gloo:all_reduce" for e in trace["traceEvents"]), rank
     assert "rank 1 spent" in capsys.readouterr().out
+
+
+def _spin(seconds: float = 2.5) -> int:
+    import os
+    import time
+
+    held = bytearray(b"x" * (64 * 2**20))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return len(held) + int(os.environ["RANK"])
+
+
+def test_each_agent_samples_its_own_ranks_and_sends_the_samples_over_its_link(two_nodes: Cluster) -> None:
+    sink = CollectingSink()
+    notebook_launcher(_spin, cluster=two_nodes, output=sink)
+    for rank in range(4):
+        samples = [e for e in sink.events.get(rank, []) if e["type"] == "resources"]
+        assert samples, (rank, sink.events.get(rank))
+        assert samples[-1]["rss"] >= 64 * 2**20 and samples[-1]["peak_rss"] >= samples[-1]["rss"]
