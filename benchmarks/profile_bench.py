@@ -32,9 +32,10 @@ sys.path.insert(0, HERE)
 
 
 def bench_profiling(runs: int, steps: int) -> dict[str, float]:
+    from training_bench import read_figures, train
+
     import nbaccel
     from nbaccel.output.sinks import CollectingSink
-    from training_bench import read_figures, train
 
     plain: list[float] = []
     profiled: list[float] = []

@@ -116,9 +116,9 @@ class InterruptWhenWorking(CollectingSink):
 
 
 def work_until_interrupted() -> None:
-    import torch
-
     import time
+
+    import torch
 
     print("working", flush=True)
     while True:
