@@ -147,3 +147,9 @@ def test_without_profile_nothing_of_it_is_imported_in_the_kernel_or_the_ranks() 
     values = nbaccel.notebook_launcher(what_was_imported, num_processes=2, output=CollectingSink())
     assert values == [[], []]
     assert what_was_imported() == []
+
+
+@pytest.mark.parametrize("bad", [3, "", "  ", ["dir"]])
+def test_a_bad_profile_value_is_refused_before_anything_starts(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"profile must be True, False or a folder for the traces, got "):
+        nbaccel.notebook_launcher(int, num_processes=2, profile=bad)  # type: ignore[arg-type]
