@@ -145,7 +145,7 @@ def _bundle_of(lines: list[str], rows: list[list[str]] | None = None, png: bytes
     text = list(lines)
     if rows:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        text += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        text += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     bundle: dict[str, Any] = {"text/plain": "\n".join(text)}
     parts = [f"<div>{html.escape(line)}</div>" for line in lines]
     if rows:

@@ -69,7 +69,7 @@ def test_the_summary_names_the_rank_doing_twice_the_work_and_the_merged_trace_ha
     assert lanes(trace) == {0: "rank 0", 1: "rank 1"}
     ends = [collectives(trace, rank) for rank in (0, 1)]
     assert len(ends[0]) == len(ends[1]) == 4, ends
-    for (_, end0), (_, end1) in zip(*ends):  # an all_reduce ends together on both ranks: one clock
+    for (_, end0), (_, end1) in zip(*ends, strict=True):  # an all_reduce ends together on both ranks: one clock
         assert abs(end0 - end1) < scaled(0.05) * 1e6
     text = shown.bundles[-1]["text/plain"]
     assert "rank 1 spent" in text and "more in compute; rank 0 waited" in text and "in all_reduce" in text, text
