@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nbaccel.launch.notices import say
 from nbaccel.launch.options import profile_folder
 from nbaccel.launch.outcome import RankOutcome
 from nbaccel.output import frontend
@@ -83,6 +84,13 @@ class ProfileSink:
         pass
 
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        """Write and show the profile; a failure to do so is said, never raised over the launch's own outcome."""
+        try:
+            self._write_and_show()
+        except Exception as exc:  # noqa: BLE001 - a full disk or a malformed trace must not hide the ranks' results
+            say(f"could not write the profile ({type(exc).__name__}: {exc}); the launch itself is unaffected")
+
+    def _write_and_show(self) -> None:
         if not self._traces:
             self._show(_bundle_of([f"nbaccel profile: no rank sent a trace (each was killed before it could write one); ranks {self._ranks}"]))
             return

@@ -68,7 +68,7 @@ class _Session:
         if os.environ.get("NBACCEL_DEVICE_TYPE") == "cuda":
             activities.append(ProfilerActivity.CUDA)
         self._profiler = profile(activities=activities)
-        self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous_term = _set_sigterm(self._on_sigterm)
         self._profiler.start()
         self._started_ns = time.time_ns()  # after the profiler's own start-up (up to a second, once)
 
@@ -84,7 +84,7 @@ class _Session:
             print(f"nbaccel: could not write this rank's profile ({type(exc).__name__}: {exc})", file=sys.stderr)
             return
         finally:
-            signal.signal(signal.SIGTERM, self._previous_term or signal.SIG_DFL)
+            _set_sigterm(self._previous_term or signal.SIG_DFL)
         _send(rich.profile_event(_rank(), socket.gethostname(), self._started_ns, ended_ns, trace))
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -92,6 +92,15 @@ class _Session:
         self.finish()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _set_sigterm(handler: Any) -> Any:
+    """Install ``handler`` for SIGTERM; the previous one. Outside the main thread (where Python
+    allows no handler) nothing changes: the trace is then kept on returns, errors and interrupts."""
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
 
 
 def _export(profiler: Any) -> str:

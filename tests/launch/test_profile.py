@@ -153,3 +153,16 @@ def test_without_profile_nothing_of_it_is_imported_in_the_kernel_or_the_ranks() 
 def test_a_bad_profile_value_is_refused_before_anything_starts(bad: object) -> None:
     with pytest.raises(ValueError, match=r"profile must be True, False or a folder for the traces, got "):
         nbaccel.notebook_launcher(int, num_processes=2, profile=bad)  # type: ignore[arg-type]
+
+
+def test_a_profile_that_cannot_be_written_is_said_and_never_hides_the_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nbaccel.output.profile_sink import ProfileSink
+    from nbaccel.wire import rich
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    sink = ProfileSink(blocked / "traces", show=Shown())
+    sink.launch_started(1, attempt=0)
+    sink.event(0, rich.profile_event(0, "host", 0, 1, '{"traceEvents": []}'))
+    sink.launch_finished([])  # no exception
+    assert "nbaccel: could not write the profile (" in capsys.readouterr().out
