@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from nbaccel.launch.options import profile_folder
 from nbaccel.launch.outcome import RankOutcome
 from nbaccel.output import frontend
 from nbaccel.output.logdir import LaunchLogs
-from nbaccel.output.profile_chart import timeline_png
+from nbaccel.output.profile_chart import timeline_svg
 from nbaccel.output.profile_merge import merge_traces
 from nbaccel.output.profile_summary import RankTrace, analyse, straggler_words, table_rows
 from nbaccel.output.sinks import Sink, TeeSink
@@ -146,10 +145,10 @@ class ProfileSink:
         if words:
             lines.append(words)
         rows = table_rows(profiles)
-        return _bundle_of(lines, rows, timeline_png(profiles, common_ns))
+        return _bundle_of(lines, rows, timeline_svg(profiles, common_ns))
 
 
-def _bundle_of(lines: list[str], rows: list[list[str]] | None = None, png: bytes | None = None) -> dict[str, Any]:
+def _bundle_of(lines: list[str], rows: list[list[str]] | None = None, svg: str | None = None) -> dict[str, Any]:
     text = list(lines)
     if rows:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -160,9 +159,8 @@ def _bundle_of(lines: list[str], rows: list[list[str]] | None = None, png: bytes
         head = "".join(f"<th style='text-align:right;padding:0 8px'>{html.escape(c)}</th>" for c in rows[0])
         body = "".join("<tr>" + "".join(f"<td style='text-align:right;padding:0 8px'>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
         parts.append(f"<table class='nbaccel-profile'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-    if png is not None:
-        parts.append(f"<img alt='timeline of each rank' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-        bundle["image/png"] = base64.b64encode(png).decode()
+    if svg is not None:
+        parts.append(f"<div class='nbaccel-profile-timeline' role='img' aria-label='timeline of each rank'>{svg}</div>")
     bundle["text/html"] = "<div class='nbaccel-profile-summary'>" + "".join(parts) + "</div>"
     return bundle
 
@@ -172,6 +170,6 @@ def _display(bundle: dict[str, Any]) -> None:
     if frontend.in_kernel():
         from IPython.display import display
 
-        display({k: v for k, v in bundle.items() if k != "image/png"}, raw=True)  # type: ignore[no-untyped-call]  # IPython is unannotated
+        display(bundle, raw=True)  # type: ignore[no-untyped-call]  # IPython is unannotated
     else:
         print(bundle["text/plain"])
