@@ -35,6 +35,7 @@ def test_every_rank_is_sampled_about_once_a_second_and_its_peak_lands_in_its_out
         assert 0 <= last["cpu"] <= 200
     assert max(s["cpu"] for s in samples[1]) > 20  # it spins: the sampler sees its CPU time
     peaks = {o.rank: o.peak_rss for o in sink.finished}
-    assert peaks[1] is not None and peaks[0] is not None and peaks[1] > peaks[0] + 50 * 2**20
+    for rank in (0, 1):  # the outcome keeps the most it held: at least every sample, and what it allocated
+        assert peaks[rank] is not None and peaks[rank] >= max(s["rss"] for s in samples[rank]) >= (100 + 100 * rank) * 2**20
     assert set(threading.enumerate()) == threads  # sampling runs on the loop's clock: no thread
 
