@@ -33,7 +33,7 @@ def test_every_rank_is_sampled_about_once_a_second_and_its_peak_lands_in_its_out
         last = samples[rank][-1]
         assert last["rss"] >= (100 + 100 * rank) * 2**20 and last["peak_rss"] >= last["rss"]
         assert 0 <= last["cpu"] <= 200
-    assert max(s["cpu"] for s in samples[1]) > 20  # it spins: the sampler sees its CPU time
+    assert max(s["cpu"] for s in samples[1]) > 5  # it spins: the sampler sees its CPU time (a share of two busy cores)
     peaks = {o.rank: o.peak_rss for o in sink.finished}
     for rank in (0, 1):  # the outcome keeps the most it held: at least every sample, and what it allocated
         assert peaks[rank] is not None and peaks[rank] >= max(s["rss"] for s in samples[rank]) >= (100 + 100 * rank) * 2**20
