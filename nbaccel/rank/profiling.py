@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nbaccel.rank import heavy_imports
 from nbaccel.wire import rich
 
 # kineto prints profiler_start/profiler_stop lines on stderr for every session unless this is in
@@ -62,6 +63,7 @@ class _Session:
     def start(self) -> None:
         for name, value in _QUIET_KINETO.items():
             os.environ.setdefault(name, value)
+        before = heavy_imports.present()
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
@@ -71,6 +73,7 @@ class _Session:
         self._previous_term = _set_sigterm(self._on_sigterm)
         self._profiler.start()
         self._started_ns = time.time_ns()  # after the profiler's own start-up (up to a second, once)
+        heavy_imports.imported_by_nbaccel(heavy_imports.present() - before)  # the profiler imports torch._dynamo
 
     def finish(self) -> None:
         if self._finished:
