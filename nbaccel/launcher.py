@@ -46,6 +46,7 @@ def notebook_launcher(
     stall_report: float | None = DEFAULT_STALL_REPORT,
     cluster: Cluster | None = None,
     pdb: bool | None = None,
+    profile: bool | str = False,
 ) -> list[T]:
     """Run ``function(*args)`` on ``num_processes`` ranks and return every rank's value, by rank.
 
@@ -76,6 +77,9 @@ def notebook_launcher(
         pdb: when a rank raises, open a post-mortem prompt in its frame, in this cell (the others
             wait meanwhile); the launch then fails as usual. Default: IPython's ``%pdb`` setting.
             ``breakpoint()`` on a rank prompts in the cell whatever this says (docs/debugging.md).
+        profile: True or a folder: run each rank under torch.profiler, write each rank's trace and
+            a merged one (``trace.json``, one lane per rank), and show where each rank spent its
+            time (docs/profiling.md); True writes into the launch's log folder.
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.
@@ -97,7 +101,7 @@ def notebook_launcher(
     if cluster is not None:
         from nbaccel.agent.remote import cluster_launcher
 
-        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report, pdb=pdb)
+        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report, pdb=pdb, profile=profile)
     started = time.monotonic()
     check_callable(function, args)
     options = LaunchOptions(
@@ -112,11 +116,17 @@ def notebook_launcher(
         master_addr=master_addr,
         stall_report=stall_report,
         pdb=wants_post_mortem(pdb),
+        profile=profile,
     )
     plan = make_plan(options, started)
     launcher = LocalLauncher(choose_starter(options.start_method, plan.num_processes))
+    sink = make_sink(output)
+    if options.profile:
+        from nbaccel.output.profile_sink import profiled  # only a profiled launch imports any of it
+
+        function, sink = profiled(function, sink, options.profile)
     try:
-        return run_launch(launcher, debuggable_job(function, args, options.pdb), plan, make_sink(output))
+        return run_launch(launcher, debuggable_job(function, args, options.pdb), plan, sink)
     finally:
         warm.import_noted()
 

@@ -27,9 +27,10 @@ from nbaccel.agent import protocol
 from nbaccel.agent.rank_entry import run_remote_rank
 from nbaccel.launch import warm
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
+from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
 from nbaccel.rank.stack_dump import STACK_SIGNAL
-from nbaccel.wire import events
+from nbaccel.wire import events, rich
 from nbaccel.wire.rank_env import rank_environment
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
@@ -113,6 +114,7 @@ class NodeRanks:
         self._context: Any = None
         self._stack_files: StackFiles | None = None
         self._signals: list[tuple[float, int, list[int]]] = []
+        self._sampler: ResourceSampler | None = None  # this node's ranks, sampled here and sent as RICH events
 
     @property
     def nproc(self) -> int:
@@ -151,6 +153,7 @@ class NodeRanks:
             finally:
                 gc.unfreeze()
             self.processes = list(self._context._pc.processes)
+            self._sampler = ResourceSampler({self.first_rank + local: p.pid for local, p in enumerate(self.processes)}, time.monotonic())
         finally:
             for child in ends:
                 close_child_ends(child)
@@ -255,13 +258,21 @@ class NodeRanks:
         self.on_clock(now)
 
     def next_signal_at(self) -> float | None:
-        return self._signals[0][0] if self._signals else None
+        """The next moment this wants the agent's clock: a timed signal, or the next sample."""
+        moments = [self._signals[0][0]] if self._signals else []
+        if self._sampler is not None and not self.done:
+            moments.append(self._sampler.due())
+        return min(moments) if moments else None
 
     def on_clock(self, now: float) -> None:
         while self._signals and self._signals[0][0] <= now:
             _, sig, targets = self._signals.pop(0)
             for local in targets:
                 self._send(local, sig)
+        if self._sampler is not None and now >= self._sampler.due():
+            running = [self.first_rank + local for local in range(len(self.processes)) if local not in self.exited]
+            for rank, sample in self._sampler.sample(now, running).items():  # the kernel's sink shows them as a local rank's
+                self._emit(protocol.FRAME, raw=protocol.pack_frame(rank, int(events.Kind.RICH), events.dumps(rich.resources_event(sample))))
 
     def _send(self, local: int, sig: int) -> None:
         proc = self.processes[local]

@@ -20,7 +20,7 @@ from nbaccel.agent.cluster_group import ClusterLauncher, layout
 from nbaccel.errors import RankFailedError, RankReport
 from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
 from nbaccel.launch.one_shot import run_launch
-from nbaccel.launch.options import LaunchOptions, check_callable
+from nbaccel.launch.options import LaunchOptions, check_callable, check_profile
 from nbaccel.launch.seam import LaunchPlan
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import Sink
@@ -104,8 +104,12 @@ def cluster_launcher(
     output: str | Sink | None = None,
     stall_report: float | None = None,
     pdb: bool | None = None,
+    profile: bool | str = False,
 ) -> list[Any]:
     """Run ``function(*args)`` on every rank of every node of ``cluster``; values in global rank order.
+
+    ``profile`` as ``notebook_launcher``'s: each node's ranks send their traces through their
+    agent, and the kernel writes and merges them (lanes named by node).
 
     Raises NodeRankFailedError (the root-cause rank and its node), LaunchTimeoutError, or
     KeyboardInterrupt after stopping every node's ranks.
@@ -122,7 +126,12 @@ def cluster_launcher(
     check_callable(function, args)
     plan = cluster_plan(cluster, mixed_precision, timeout, max_restarts, cpu, started, stall_report)
     launcher = ClusterLauncher(cluster)
+    sink = make_sink(output)
+    if check_profile(profile):
+        from nbaccel.output.profile_sink import profiled  # only a profiled launch imports any of it
+
+        function, sink = profiled(function, sink, check_profile(profile))
     try:
-        return run_launch(launcher, debuggable_job(function, args, wants_post_mortem(pdb)), plan, make_sink(output))
+        return run_launch(launcher, debuggable_job(function, args, wants_post_mortem(pdb)), plan, sink)
     except RankFailedError as error:
         raise naming_nodes(error, launcher) from None

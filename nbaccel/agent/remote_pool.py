@@ -116,8 +116,8 @@ class ClusterWorkers(WorkerPool):
             "or pool.restart(wait_for=N) (%distributed restart --wait-for N) once a replacement agent joined."
         )
 
-    def _status_of(self, rank: int, answer: Any) -> WorkerStatus:
-        status = super()._status_of(rank, answer)
+    def _status_of(self, rank: int, answer: Any, sample: dict[str, Any] | None = None) -> WorkerStatus:
+        status = super()._status_of(rank, answer, sample)
         group = self._group
         if isinstance(group, ClusterRankGroup) and group.slot_of[rank].node_rank in group.lost:
             return dataclasses.replace(status, state=f"lost with node {group.slot_of[rank].node_rank}")

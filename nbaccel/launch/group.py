@@ -183,6 +183,10 @@ class LocalRankGroup:
     def pid(self, rank: int) -> int:
         return self.processes[rank].pid
 
+    def local_pids(self) -> dict[int, int]:
+        """Rank -> pid of every rank still running: all are on this node (the loop samples them)."""
+        return {p.rank: p.pid for p in self.processes if p.returncode is None}
+
     def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
         running = {rank: self.processes[rank].pid for rank in ranks if self.processes[rank].returncode is None}
         return self.stack_files.collect(running) if running else {}

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import selectors
+import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from nbaccel.launch import warm
 from nbaccel.launch.debug_desk import DEBUG_KINDS, DebugDesk
 from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
+from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.seam import RankGroup, Sink
 from nbaccel.wire import rich
 from nbaccel.wire.events import Event, Kind
@@ -83,6 +85,7 @@ class EventLoop:
         deadline: float | None = None,
         timeout: float | None = None,
         stall_report: float | None = None,
+        sampler: ResourceSampler | None = None,
     ) -> None:
         self.group = group
         self.sink = sink
@@ -103,6 +106,7 @@ class EventLoop:
         self._desk: DebugDesk | None = None  # made at a rank's first debugger prompt
         self._held_since: float | None = None  # a rank is in the debugger: the clocks stand still
         self._selector = selectors.DefaultSelector()
+        self.sampler = sampler or sampler_for(group)  # each local rank's CPU and memory, once a second (a pool's: its lifetime peaks)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ class EventLoop:
             self._fire_signals(now)
             self._check_deadline(now)
             self._check_stall(now)
+            self._sample(now)
             due = self.sink.tick_in()
             if due is not None and due <= 0:
                 self.sink.tick()
@@ -156,7 +161,8 @@ class EventLoop:
         moments = [when for when, _, _ in self._signals[:1]]
         held = self._held_since is not None
         desk_due = self._desk.wake_at() if self._desk is not None else None
-        for moment in (self.deadline if not (self.timed_out or held) else None, self.policy.wake_at(), None if held else self._stall_due(), desk_due):
+        sample_due = self.sampler.due() if self.sampler is not None else None
+        for moment in (self.deadline if not (self.timed_out or held) else None, self.policy.wake_at(), None if held else self._stall_due(), desk_due, sample_due):
             if moment is not None:
                 moments.append(moment)
         now = time.monotonic()
@@ -174,6 +180,12 @@ class EventLoop:
         self.timed_out = True
         self.running_at_timeout = {rank: last_line(self.group.last_lines(rank)) for rank in self.running()}
         self.policy.on_timeout(self)
+
+    def _sample(self, now: float) -> None:
+        if self.sampler is None or now < self.sampler.due():
+            return
+        for rank, sample in self.sampler.sample(now, self.running()).items():
+            self.sink.event(rank, rich.resources_event(sample))
 
     def _stall_due(self) -> float | None:
         if self.stall_report is None or self._stall_shown:
@@ -228,6 +240,10 @@ class EventLoop:
         if self._desk is not None:
             self._desk.rank_ended(rank)
         outcome = self.outcomes.get(rank) or RankOutcome(rank)
+        if self.sampler is not None:
+            outcome.peak_rss = self.sampler.peaks.get(rank)
+            if returncode == -signal.SIGKILL and not self.group.was_signalled(rank):
+                outcome.out_of_memory = self.sampler.out_of_memory(rank)
         record_exit(outcome, returncode, self.stop_reason, self.group.was_signalled(rank), self.group.last_lines(rank))
         self.policy.on_exit(self, outcome)
 
@@ -289,6 +305,12 @@ class EventLoop:
         while self._signals and self._signals[0][0] <= now:
             _, sig, ranks = self._signals.pop(0)
             self.group.signal(sig, ranks)
+
+
+def sampler_for(group: RankGroup) -> ResourceSampler | None:
+    """A sampler of the group's processes on this node (a group across nodes has none here)."""
+    local_pids = getattr(group, "local_pids", None)
+    return ResourceSampler(local_pids(), time.monotonic()) if callable(local_pids) else None
 
 
 class SinkSession:

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -22,7 +23,7 @@ from typing import Any, Literal, get_args
 from nbaccel.launch.rendezvous import is_loopback
 from nbaccel.wire.rank_env import MIXED_PRECISIONS, MixedPrecision
 
-__all__ = ["MIXED_PRECISIONS", "OUTPUT_MODES", "START_METHODS", "LaunchOptions", "MixedPrecision", "OutputMode", "StartMethod", "check_callable", "check_timeout"]
+__all__ = ["MIXED_PRECISIONS", "OUTPUT_MODES", "START_METHODS", "LaunchOptions", "MixedPrecision", "OutputMode", "StartMethod", "check_callable", "check_profile", "check_timeout", "profile_folder"]
 
 StartMethod = Literal["auto", "fork", "spawn"]
 OutputMode = Literal["auto", "text", "widgets"]
@@ -50,6 +51,8 @@ class LaunchOptions:
             rank's stack once (nothing is stopped); None turns the watch off.
         pdb: a rank that raises stays at its exception while the cell opens a post-mortem
             prompt in its frame (docs/debugging.md); the launch fails once it is left.
+        profile: run each rank under torch.profiler and write its trace, a merged trace and a
+            summary (docs/profiling.md): True (into the launch's log folder) or a folder's path.
     """
 
     num_processes: int | None = None
@@ -63,8 +66,10 @@ class LaunchOptions:
     master_addr: str = "127.0.0.1"
     stall_report: float | None = DEFAULT_STALL_REPORT
     pdb: bool = False
+    profile: bool | str = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "profile", check_profile(self.profile))
         _check_choice("mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
         _check_choice("start_method", self.start_method, START_METHODS)
         if self.num_processes is not None and not _is_whole(self.num_processes, 1):
@@ -93,6 +98,20 @@ def check_callable(function: Any, args: Any) -> None:
         raise TypeError(f"function must be callable, got {function!r} ({type(function).__name__}); pass the function itself, not its result.")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple or list of positional arguments, got {type(args).__name__} {args!r}; for one argument write args=(x,).")
+
+
+def check_profile(profile: Any) -> bool | str:
+    """``profile=``: True/False, or the folder for the traces (a str or path, made if missing)."""
+    if isinstance(profile, bool):
+        return profile
+    if isinstance(profile, (str, os.PathLike)) and str(os.fspath(profile)).strip():
+        return str(os.fspath(profile))
+    raise ValueError(f"profile must be True, False or a folder for the traces, got {profile!r}.")
+
+
+def profile_folder(profile: bool | str) -> str | None:
+    """The folder asked for, or None for the launch's log folder (``profile=True``)."""
+    return profile if isinstance(profile, str) else None
 
 
 def check_timeout(timeout: Any, name: str = "timeout") -> None:

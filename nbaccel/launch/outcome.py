@@ -84,6 +84,8 @@ class RankOutcome:
     last_lines: list[str] = field(default_factory=list)
     where: str = ""  # where it was when nbaccel stopped it: one line (nbaccel.launch.stacks)
     stack: str = ""  # and every thread's Python stack
+    peak_rss: int | None = None  # most resident bytes the kernel sampled (nbaccel.launch.sampler)
+    out_of_memory: str | None = None  # "killed by the out-of-memory killer (peak ...)", when it was
 
     @property
     def signal_name(self) -> str | None:
@@ -206,6 +208,8 @@ def _raised_words(outcome: RankOutcome) -> StatusWords:
 
 def _died_words(outcome: RankOutcome) -> StatusWords:
     """A rank that ended without raising: killed by a signal, or a bare exit."""
+    if outcome.signal is not None and outcome.out_of_memory:
+        return StatusWords("failed", "failed (out of memory)", f"failed: {outcome.out_of_memory}", outcome.out_of_memory)
     if outcome.signal is not None:
         killed = f"killed by {signal_words(outcome.signal)}"
         if outcome.status is Status.EXITED:  # it returned its value, then died

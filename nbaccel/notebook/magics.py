@@ -125,7 +125,7 @@ class DistributedMagics(Magics):
         compiled = self._compile(line, cell, compile_pool_cell)
         self.workers.mode = "workers"
         pdb = wants_post_mortem(True if args.pdb else None)
-        shown, values = run_cell(pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output, pdb=pdb)
+        shown, values = run_cell(pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output, pdb=pdb, profile=args.profile or False)
         if args.out is not None:
             self.shell.user_ns[args.out] = values
         return shown

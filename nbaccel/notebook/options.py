@@ -137,6 +137,7 @@ CELL_OPTIONS: tuple[Option, ...] = (
     Option(("--ranks",), {"type": rank_list, "metavar": "0,2", "help": "with running workers: run the cell on these ranks only; its result is the lowest one's value"}),
     Option(("-o", "--out"), {"type": variable_name, "metavar": "NAME", "help": "store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)"}),
     Option(("--pdb",), {"action": "store_true", "help": "when a rank raises, open a post-mortem prompt in its frame in this cell (default: IPython's %%pdb)"}),
+    Option(("--profile",), {"nargs": "?", "const": True, "default": None, "metavar": "DIR", "help": "run each rank under torch.profiler; write DIR/rank{N}.json, the merged DIR/trace.json and a summary (default DIR: the launch's log folder)"}),
     Option(("--text",), {"action": "store_true", "help": "show output as text lines labelled [rank N]"}),
     Option(("--widgets",), {"action": "store_true", "help": "show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)"}),
 )

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nbaccel.launch.options import check_profile
 from nbaccel.notebook.cell import PoolCell
 from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
@@ -101,16 +102,25 @@ def run_cell(
     timeout: float | None = None,
     output: str | None = None,
     pdb: bool = False,
+    profile: bool | str = False,
 ) -> tuple[Any, list[Any] | dict[int, Any] | None]:
-    """Run ``cell`` on ``ranks`` (every rank when None) of ``pool``.
+    """Run ``cell`` on ``ranks`` (every rank when None) of ``pool``; ``profile`` as ``--profile``.
 
     Returns the lowest selected rank's value (the cell's result) and, when ``collect``, every
     selected rank's value: a list by rank, or a dict rank -> value when ``ranks`` were chosen.
     ``pdb``: a rank that raises opens its post-mortem in the cell first (``--pdb``, ``%pdb on``).
     """
     chosen = tuple(range(pool.num_processes)) if ranks is None else tuple(sorted(set(ranks)))
-    task = CellTask(cell, chosen if collect else chosen[:1], exact=collect)
-    answers = pool.run_task(PostMortemOnError(task) if pdb else task, ranks=ranks, timeout=timeout, output=output, label=_label(cell.source))
+    task: Any = CellTask(cell, chosen if collect else chosen[:1], exact=collect)
+    if pdb:
+        task = PostMortemOnError(task)
+    sink: Any = output
+    if profile:
+        from nbaccel.output.choose import make_sink
+        from nbaccel.output.profile_sink import profiled  # only a profiled cell imports any of it
+
+        task, sink = profiled(task, make_sink(output), check_profile(profile))
+    answers = pool.run_task(task, ranks=ranks, timeout=timeout, output=sink, label=_label(cell.source))
     by_rank = dict(enumerate(answers)) if ranks is None else answers
     shown = by_rank[chosen[0]]
     if not collect:

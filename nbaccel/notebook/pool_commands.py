@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from nbaccel.notebook import cluster_command
 from nbaccel.notebook.options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "stacks", "debug", "push", "pull", "cluster")
+COMMANDS = ("start", "stop", "restart", "status", "free", "stacks", "debug", "push", "pull", "cluster")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -36,6 +36,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed push data labels
     %distributed pull model_state --rank 0 -o weights
     %distributed status
+    %distributed free
     %distributed stacks
     %distributed debug --rank 1
     %distributed stop
@@ -67,7 +68,8 @@ def parser() -> MagicArgumentParser:
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
     restart = commands.add_parser("restart", help="fresh workers with empty namespaces and the same options (after a crash, or a lost node)")
     restart.add_argument("--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start")
-    commands.add_parser("status", help="per rank: pid, device, idle or ended, memory in use, last cell")
+    commands.add_parser("status", help="per rank: pid, device, idle or ended, CPU use, memory in use and its peak (GPU: allocated, reserved, device), last cell")
+    commands.add_parser("free", help="on every rank: collect garbage and return torch's cached GPU memory; shows what each rank freed")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     debug = commands.add_parser("debug", help="post-mortem of a rank's last failed cell, in its frames (prompt in this cell; q ends it)")
     debug.add_argument("--rank", type=non_negative_int, default=None, metavar="R", help="the rank to look at (default: the rank that failed last)")

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
 from nbaccel.notebook.options import start_options, with_cluster
+from nbaccel.notebook.worker_tables import free_table, status_table
 
 if TYPE_CHECKING:
-    from nbaccel.pool import WorkerPool, WorkerStatus
+    from nbaccel.pool import WorkerPool
 
 NO_WORKERS = "no workers running: start them with %distributed start [-n N]"
 
@@ -155,6 +156,10 @@ class NotebookWorkers:
             return
         print(status_table(self.require().status()))
 
+    def free(self, args: argparse.Namespace | None = None) -> None:
+        """``gc.collect()`` and ``torch.cuda.empty_cache()`` on every rank; what each freed."""
+        print(free_table(self.require().free()))
+
     def stacks(self, args: argparse.Namespace | None = None) -> None:
         if self.running() is None:
             print(f"nbaccel: {NO_WORKERS}")  # the answer to the command: shown even with NBACCEL_QUIET=1
@@ -196,24 +201,6 @@ class NotebookWorkers:
                 raise
             raise UsageError(f"%distributed pull: {error.error_message} (rank {rank}).") from None
         self.user_ns[out or name] = value
-
-
-def status_table(statuses: Iterable[WorkerStatus]) -> str:
-    """One row per rank: pid, device, state, memory in use, last cell.
-
-    Example:
-        >>> from nbaccel.pool import WorkerStatus
-        >>> print(status_table([WorkerStatus(0, 4242, "cpu", "idle", 310.4, None, "x = 1")]))
-        rank  pid   device  state  memory   last cell
-        0     4242  cpu     idle   310 MiB  x = 1
-    """
-    rows = [("rank", "pid", "device", "state", "memory", "last cell")]
-    for s in statuses:
-        memory = f"{s.memory_mb:.0f} MiB" + (f" (+{s.device_memory_mb:.0f} MiB GPU)" if s.device_memory_mb is not None else "")
-        rows.append((str(s.rank), str(s.pid), s.device, s.state, memory, s.last_cell or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    # the last column is not padded: zip stops at the widths
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows)
 
 
 def _names(names: list[str]) -> str:

@@ -177,6 +177,10 @@ class WorkersComm:
                 "state": s.state,
                 "host_memory": int(s.memory_mb * 2**20),
                 "gpu_memory": None if s.device_memory_mb is None else int(s.device_memory_mb * 2**20),
+                "cpu_percent": s.cpu_percent,
+                "peak_host_memory": None if s.peak_memory_mb is None else int(s.peak_memory_mb * 2**20),
+                "gpu_reserved": None if s.device_reserved_mb is None else int(s.device_reserved_mb * 2**20),
+                "gpu_device_used": None if s.device_used_mb is None else int(s.device_used_mb * 2**20),
                 "last_cell": self._last_cell or s.last_cell or None,
                 "node": None,
             }

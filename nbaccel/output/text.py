@@ -19,7 +19,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from nbaccel.launch.outcome import RankOutcome
 from nbaccel.output.sinks import TextSink
+from nbaccel.output.stragglers import wall_straggler
 from nbaccel.wire import rich
 
 _MILESTONES = 4  # a line per quarter of a bar's total
@@ -33,9 +35,23 @@ class RichTextSink(TextSink):
         self.min_interval = min_interval
         self.quiet_interval = quiet_interval
         self._bars: dict[tuple[int, int], tuple[float, int]] = {}  # (rank, bar) -> (printed at, milestone)
+        self._started_at = time.monotonic()
+        self._elapsed: dict[int, float] = {}  # rank -> seconds from the start to its end
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._bars.clear()
+        self._started_at = time.monotonic()
+        self._elapsed = {}
+
+    def rank_finished(self, outcome: RankOutcome) -> None:
+        self._elapsed[outcome.rank] = time.monotonic() - self._started_at
+
+    def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        straggler = wall_straggler(self._elapsed)
+        if straggler:
+            self._stream("stdout").write(f"nbaccel: {straggler}\n")
+            self._written.add("stdout")
+        super().launch_finished(outcomes)
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
 from nbaccel.launch.local import LocalLauncher
-from nbaccel.launch.loop import EventLoop, SinkSession
+from nbaccel.launch.loop import EventLoop, SinkSession, sampler_for
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
 from nbaccel.launch.outcome import RankOutcome, Status, exit_words, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
+from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.seam import Launcher, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
@@ -34,7 +35,7 @@ from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task, raise_stuck_error
-from nbaccel.pool.tasks import Assign, CallFunction, Fetch, RankStatus
+from nbaccel.pool.tasks import Assign, CallFunction, Fetch, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.bootstrap import Job
 from nbaccel.rank.debugger import DebugLastFailure
@@ -63,8 +64,12 @@ class WorkerStatus:
     device: str
     state: str  # "idle", or how the process ended
     memory_mb: float  # resident memory of the process
-    device_memory_mb: float | None  # CUDA memory allocated by torch on its GPU, when it has one
+    device_memory_mb: float | None  # CUDA memory allocated by torch's tensors on its GPU, when it has one
     last_cell: str  # the first line of the last task it ran
+    cpu_percent: float | None = None  # of one core, since the previous sample (nbaccel.launch.sampler); None on another node
+    peak_memory_mb: float | None = None  # most resident memory sampled since the workers started
+    device_reserved_mb: float | None = None  # held by torch's caching allocator (what %distributed free can return)
+    device_used_mb: float | None = None  # the whole device's use (cudaMemGetInfo: every process and context on it)
 
     def describe(self) -> str:
         gpu = f", {self.device_memory_mb:.0f} MiB on {self.device}" if self.device_memory_mb is not None else ""
@@ -80,6 +85,7 @@ class WorkerPool:
         self._seed = seed
         self._start_timeout = start_timeout
         self._group: RankGroup | None = None
+        self._sampler: ResourceSampler | None = None
         self.devices: list[str] = []
         self._last_task = ""
         self.last_failed_rank: int | None = None  # the root cause of the last task that failed
@@ -102,6 +108,7 @@ class WorkerPool:
             group.close()
             raise
         self._group = group
+        self._sampler = sampler_for(group)  # one for the pool's life: peaks span every cell
         _LIVE_POOLS.add(self)
         return self
 
@@ -182,7 +189,14 @@ class WorkerPool:
         answers: dict[int, Any] = {}
         if not any(group.returncode(rank) is not None for rank in range(self.num_processes)):
             answers = self.run_task(RankStatus(), ranks=range(self.num_processes), output="text", label="", remember=False)
-        return [self._status_of(rank, answers.get(rank)) for rank in range(self.num_processes)]
+        samples = self._sampler.sample(time.monotonic()) if self._sampler is not None else {}
+        return [self._status_of(rank, answers.get(rank), samples.get(rank)) for rank in range(self.num_processes)]
+
+    def free(self) -> dict[int, dict[str, Any]]:
+        """On every rank: ``gc.collect()``, then ``torch.cuda.empty_cache()`` where CUDA is in use;
+        by rank, what each held before and after (``pool.tasks.FreeMemory``)."""
+        answers: dict[int, dict[str, Any]] = self.run_task(FreeMemory(), ranks=range(self.num_processes), output="text", label="free", remember=False)
+        return answers
 
     def stacks(self) -> list[RankStack]:
         """Where every worker is now: each thread's Python stack and a one-line summary, by rank.
@@ -216,7 +230,7 @@ class WorkerPool:
             for rank in chosen:  # the workers are up already: their chips say running at once
                 sink.event(rank, rich.started_event(group.pid(rank)))
             deadline = None if timeout is None else time.monotonic() + timeout
-            loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report))
+            loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report, sampler=self._sampler))
             self._send(group, chosen, payload)
             loop.run()
         self._raise_for(loop, policy, timeout)
@@ -329,7 +343,7 @@ class WorkerPool:
             raise KeyboardInterrupt(f"{reason}; the workers were stopped")
         raise_stuck_error(loop, reason, timeout)
 
-    def _status_of(self, rank: int, answer: Any) -> WorkerStatus:
+    def _status_of(self, rank: int, answer: Any, sample: dict[str, Any] | None = None) -> WorkerStatus:
         group = self._require_group()
         code = group.returncode(rank)
         state = "idle" if code is None else exit_words(code)
@@ -341,6 +355,10 @@ class WorkerPool:
             memory_mb=(answer or {}).get("memory_mb") or _resident_mb(group.pid(rank)),  # the rank's own word: it may be remote
             device_memory_mb=(answer or {}).get("device_memory_mb"),
             last_cell=self._last_task,
+            cpu_percent=None if sample is None else sample["cpu"],
+            peak_memory_mb=None if sample is None else sample["peak_rss"] / 2**20,
+            device_reserved_mb=(answer or {}).get("device_reserved_mb"),
+            device_used_mb=(answer or {}).get("device_used_mb"),
         )
 
 

@@ -68,15 +68,60 @@ def to_cpu(value: Any) -> Any:
 
 @dataclass
 class RankStatus:
-    """What only the rank knows about itself: its resident memory (it may run on another node) and GPU memory."""
+    """What only the rank knows about itself: its resident memory (it may run on another node) and GPU memory.
+
+    On a GPU: ``device_memory_mb`` (allocated by tensors), ``device_reserved_mb`` (held by torch's
+    caching allocator) and ``device_used_mb`` (the whole device's use, from ``cudaMemGetInfo``).
+    """
 
     def __call__(self, namespace: dict[str, Any]) -> dict[str, Any]:
-        import os
+        return {"memory_mb": _resident_bytes() / 2**20, **{f"{k}_mb": None if v is None else v / 2**20 for k, v in _cuda_memory().items()}}
+
+
+@dataclass
+class FreeMemory:
+    """``%distributed free``: collect garbage, return torch's cached GPU memory and glibc's free heap.
+
+    Returns what the rank held before and after: ``rss`` and, on a GPU, ``device_memory``,
+    ``device_reserved``, ``device_used`` (bytes), and ``collected`` (objects the collector freed).
+    """
+
+    def __call__(self, namespace: dict[str, Any]) -> dict[str, Any]:
+        import gc
         import sys
 
-        with open("/proc/self/statm") as statm:
-            resident_mb = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        before = {"rss": _resident_bytes(), **_cuda_memory()}
+        collected = gc.collect()
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return {"memory_mb": resident_mb, "device_memory_mb": None}
-        return {"memory_mb": resident_mb, "device_memory_mb": torch.cuda.memory_allocated() / 2**20}
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        _trim_heap()
+        after = {"rss": _resident_bytes(), **_cuda_memory()}
+        return {"before": before, "after": after, "collected": collected}
+
+
+def _resident_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cuda_memory() -> dict[str, int | None]:
+    """This rank's GPU memory in bytes, or Nones where it uses no CUDA (never initialises it)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {"device_memory": None, "device_reserved": None, "device_used": None}
+    free, total = torch.cuda.mem_get_info()
+    return {"device_memory": torch.cuda.memory_allocated(), "device_reserved": torch.cuda.memory_reserved(), "device_used": total - free}
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, and RSS would not drop)."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: glibc's, where it is glibc
+    if trim is not None:
+        trim(0)

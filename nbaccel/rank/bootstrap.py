@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, process_identity, stack_dump
+from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events
@@ -217,6 +217,9 @@ def _send_error(channel_fd: int, exc: BaseException) -> None:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     message = "quit in the debugger" if isinstance(exc, bdb.BdbQuit) else str(exc)
+    memory = memory_errors.note(exc)  # an out-of-memory error names the rank, device and peak
+    if memory:
+        message = f"{message} ({memory})" if message else memory
     events.send(
         channel_fd,
         events.Kind.ERROR,

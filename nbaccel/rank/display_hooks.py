@@ -194,6 +194,11 @@ class RankDisplayPublisher:
 _PUBLISHER = RankDisplayPublisher()
 
 
+def send_event(event: dict[str, Any]) -> None:
+    """Send one rich event (``nbaccel.wire.rich``) to the kernel; nothing outside a rank."""
+    _send(event)
+
+
 def _send(event: dict[str, Any]) -> None:
     fd = _state["fd"]
     if fd is None:

@@ -14,6 +14,10 @@ Types:
     ``progress``: one progress bar's state: ``bar`` (id, unique in the rank), ``n``, ``total``,
         ``left``/``right`` (the text around the bar), ``text`` (the whole meter as one line),
         ``closed``, ``leave`` and ``failed`` (the bar stopped short because of an error).
+    ``profile``: a rank's torch.profiler trace (``--profile``): ``rank``, ``host``,
+        ``started_ns``/``ended_ns`` (Unix-epoch ns of the profiled call), ``trace`` (Chrome JSON text).
+    ``resources``: what the kernel (or a node's agent) sampled of the rank's process: ``cpu``
+        (percent of one core), ``rss`` (bytes), ``peak_rss``, and on GPUs ``device_memory``.
 
 Example:
     >>> event = display_event({"text/plain": "<Figure>", "image/png": "iVBOR..."})
@@ -31,6 +35,8 @@ CLEAR_OUTPUT = "clear_output"
 PROGRESS = "progress"
 STACK = "stack"
 NODE = "node"
+PROFILE = "profile"
+RESOURCES = "resources"
 
 # A widget displayed inside a rank lives in the rank's process: the kernel has no such model, so
 # a frontend would show "model not found". Its other representations are kept.
@@ -39,6 +45,14 @@ WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
 def started_event(pid: int) -> dict[str, Any]:
     return {"type": STARTED, "pid": pid}
+
+
+def profile_event(rank: int, host: str, started_ns: int, ended_ns: int, trace: str) -> dict[str, Any]:
+    return {"type": PROFILE, "rank": rank, "host": host, "started_ns": started_ns, "ended_ns": ended_ns, "trace": trace}
+
+
+def resources_event(sample: dict[str, Any]) -> dict[str, Any]:
+    return {"type": RESOURCES, **sample}
 
 
 def display_event(
@@ -110,7 +124,7 @@ def plain_text(event: dict[str, Any]) -> str | None:
         return "[" + ", ".join(sorted(data)) + "]" if data else None
     if kind == PROGRESS:
         return str(event.get("text", ""))
-    if kind in (STARTED, CLEAR_OUTPUT, NODE):
+    if kind in (STARTED, CLEAR_OUTPUT, NODE, PROFILE, RESOURCES):
         return None
     text = event.get("text")  # an event type from a newer nbaccel: show its text if it has one
     return str(text) if text else None

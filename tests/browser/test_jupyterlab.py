@@ -159,6 +159,10 @@ def _check_live_view(page: sync_api.Page, shots: Path) -> None:
     assert page.locator(".jp-Cell").nth(1).locator(".jp-InputPrompt").inner_text().strip() == "[*]:", "the cell must still be running"
     assert launch.locator(".nbaccel-progress").first.is_visible()
     assert "rank 0 · running" in launch.inner_text()  # the chips say it in words
+    # The kernel samples each rank once a second: its chip says its CPU use and memory, live.
+    page.wait_for_function("() => document.querySelectorAll('.nbaccel-launch .nbaccel-resources').length === 2")
+    for use in launch.locator(".nbaccel-resources").all_inner_texts():
+        assert use.startswith("· cpu ") and ("MiB" in use or "GiB" in use), use
     page.screenshot(path=str(shots / "live.png"))
     tabs.nth(1).click()
     launch.locator(".nbaccel-rank-panel").nth(1).get_by_text("tick 10 on rank 1").wait_for(state="visible")
@@ -173,6 +177,7 @@ def _check_end_view(page: sync_api.Page, shots: Path) -> None:
     assert static.locator("details").nth(0).get_attribute("open") is not None  # rank 0 is always open
     assert static.locator("details").nth(1).get_attribute("open") is not None  # an error is never folded away
     assert "rank 1 failed: ValueError: rank 1 broke" in static.inner_text()
+    assert [u.split(" peak ")[0] for u in static.locator(".nbaccel-resources").all_inner_texts()] == ["·", "·"]  # each rank's peak
     error = page.locator(".jp-Cell").nth(1).locator("[data-mime-type='application/vnd.jupyter.stderr']")
     error.last.wait_for(state="visible")
     assert "rank 1" in error.last.inner_text()

@@ -7,6 +7,7 @@ the whole module (every cell forks from it), which each test checks at its end.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -121,9 +122,22 @@ def test_distributed_status_shows_each_rank_gpu_memory(kernel: Kernel) -> None:
         assert len(rows) == n, lines
         for rank, row in enumerate(rows):
             assert row.split()[2] == f"cuda:{rank}", row
-            assert "(+256 MiB GPU)" in row, row
+            assert "256 MiB / " in row, row  # allocated / reserved by torch / the device's use
+        ok(kernel, "%%distributed\ndel block")
+        freed = ok(kernel, "%distributed free").stdout.splitlines()
+        for row in freed[1:]:
+            assert "(-256 MiB)" in row, freed  # torch's cache handed back to the device
     finally:
         kernel.execute("%distributed stop")
     assert kernel.children() == []
+    assert kernel_has_no_cuda(kernel)
+
+
+def test_a_profiled_cell_on_gpus_records_cuda_kernels(kernel: Kernel, tmp_path: Path) -> None:
+    import json
+
+    ok(kernel, f"%%distributed --profile {tmp_path}\nimport torch, torch.distributed as dist\nx = torch.randn(1024, 1024, device=state.device)\nfor _ in range(10):\n    x = x @ x\n    dist.all_reduce(x)\ntorch.cuda.synchronize()")
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"]), "no CUDA kernel in the merged trace"
     assert kernel_has_no_cuda(kernel)
 

@@ -98,10 +98,10 @@ def test_push_and_pull_between_the_notebook_and_the_ranks(workers: Kernel) -> No
 def test_status_shows_every_rank(workers: Kernel) -> None:
     ok(workers, "%%distributed\nx = 1")
     lines = ok(workers, "%distributed status").stdout.splitlines()
-    assert lines[0].split() == ["rank", "pid", "device", "state", "memory", "last", "cell"]
+    assert lines[0].split() == ["rank", "pid", "device", "state", "cpu", "memory", "peak", "last", "cell"]
     for rank, line in enumerate(lines[1:]):
         fields = line.split()
-        assert fields[0] == str(rank) and fields[2:4] == ["cpu", "idle"] and fields[5] == "MiB" and line.endswith("x = 1")
+        assert fields[0] == str(rank) and fields[2:4] == ["cpu", "idle"] and fields[4].endswith("%") and fields[6] in ("MiB", "GiB") and line.endswith("x = 1")
         assert psutil.Process(int(fields[1])).ppid() == workers.pid
 
 
@@ -175,3 +175,13 @@ def test_without_workers_a_cell_is_a_one_shot_launch_and_ranks_is_refused(kernel
 def test_state_on_the_workers_is_nbaccels_partial_state(workers: Kernel) -> None:
     ok(workers, "%%distributed -o kinds\nimport nbaccel\n(isinstance(state, nbaccel.PartialState), state.process_index)")
     assert ok(workers, "print(kinds)").stdout == "[(True, 0), (True, 1)]\n"
+
+
+def test_free_collects_garbage_on_every_rank_and_says_what_each_freed(workers: Kernel) -> None:
+    ok(workers, "%%distributed\nclass Cycle:\n    def __init__(self):\n        self.me, self.payload = self, bytearray(2**20)\nfor _ in range(64):\n    Cycle()")
+    lines = ok(workers, "%distributed free").stdout.splitlines()
+    assert lines[0].split() == ["rank", "resident", "gpu", "cache", "objects", "collected"]
+    for rank, line in enumerate(lines[1:]):
+        fields = line.split()
+        assert fields[0] == str(rank) and "->" in fields and fields[-2] == "-", line  # no GPU: no cache to return
+        assert int(fields[-1]) >= 64, line  # the cycles the cell left behind

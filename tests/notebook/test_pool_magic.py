@@ -50,7 +50,7 @@ def test_commands_and_options_are_parsed() -> None:
 @pytest.mark.parametrize(
     ("line", "words"),
     [
-        ("", "%distributed needs a command: start, stop, restart, status, stacks, debug, push, pull"),
+        ("", "%distributed needs a command: start, stop, restart, status, free, stacks, debug, push, pull"),
         ("launch", "invalid choice: 'launch'"),
         ("start -n 0", "expected a whole number >= 1, got '0'"),
         ("start --gpus a,b", "expected device indices"),
@@ -111,8 +111,8 @@ def test_stop_restart_and_status(ip: InteractiveShell, pool: FakePool, capsys: p
     cell(ip, "%%distributed\nkept = 1")
     ip.run_line_magic("distributed", "status")
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["rank", "pid", "device", "state", "memory", "last", "cell"]
-    assert table[1].split() == ["0", "1000", "cpu", "idle", "100", "MiB", "kept", "=", "1"]
+    assert table[0].split() == ["rank", "pid", "device", "state", "cpu", "memory", "peak", "last", "cell"]
+    assert table[1].split() == ["0", "1000", "cpu", "idle", "-", "100", "MiB", "-", "kept", "=", "1"]
     ip.run_line_magic("distributed", "restart")
     assert pool.restarted == 1 and "fresh namespaces" in capsys.readouterr().out
     ip.run_line_magic("distributed", "stop")

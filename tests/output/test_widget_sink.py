@@ -339,3 +339,21 @@ def test_the_text_sinks_accept_the_ranks_taking_part() -> None:
     for sink in (TextSink(), RichTextSink()):
         sink.launch_started(4, 0, ranks=[2])
         assert isinstance(sink, Sink)
+
+
+def test_a_ranks_chip_shows_its_sampled_use_live_and_the_static_view_its_peak(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(2, attempt=0)
+    sink.output(1, "stdout", ["working"])
+    sink.event(1, {"type": "resources", "cpu": 97.4, "rss": 3 * 2**29, "peak_rss": 2**31})
+    chip = sink.live.view.chips[1].value
+    assert "rank 1 · running" in chip and "cpu 97% · 1.5 GiB" in chip
+    assert sink.live.view.states[1].short == "running"  # a sample is no output: the state is unchanged
+    sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
+    sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED), RankOutcome(1, Status.SUCCEEDED)])
+    final = publisher.final
+    assert "── rank 1 · done · peak 2.0 GiB ──" in final["text/plain"]
+    assert "peak 2.0 GiB" in final["text/html"]
+    ranks = {r["rank"]: r for r in final["application/vnd.nbaccel.ranks+json"]["ranks"]}
+    assert ranks[1]["peak_rss"] == 2**31 and ranks[0]["peak_rss"] is None

@@ -20,10 +20,22 @@ const COLUMNS: [string, (rank: IRankInfo) => string][] = [
   ['pid', r => (r.pid === null ? '—' : String(r.pid))],
   ['device', r => r.device ?? '—'],
   ['state', r => r.state],
+  ['cpu', r => (r.cpu_percent === null || r.cpu_percent === undefined ? '—' : `${Math.round(r.cpu_percent)}%`)],
   ['host memory', r => bytesWords(r.host_memory)],
-  ['GPU memory', r => bytesWords(r.gpu_memory)],
+  ['peak', r => bytesWords(r.peak_host_memory ?? null)],
+  ['GPU memory', r => gpuWords(r)],
   ['last cell', r => r.last_cell ?? '—']
 ];
+
+/** Allocated, and where known what torch reserved and the device uses: '1.0 GiB (2.0 GiB reserved, 3.5 GiB on device)'. */
+function gpuWords(r: IRankInfo): string {
+  const allocated = bytesWords(r.gpu_memory);
+  const more = [
+    r.gpu_reserved != null ? `${bytesWords(r.gpu_reserved)} reserved` : null,
+    r.gpu_device_used != null ? `${bytesWords(r.gpu_device_used)} on device` : null
+  ].filter(Boolean);
+  return more.length ? `${allocated} (${more.join(', ')})` : allocated;
+}
 
 export class WorkersPanel extends Widget {
   constructor(model: WorkersModel, confirm: Confirm) {

@@ -15,6 +15,13 @@ export interface IRankInfo {
   state: string;
   host_memory: number | null;
   gpu_memory: number | null;
+  /** Percent of one core since the kernel's previous sample (null on another node); newer kernels only. */
+  cpu_percent?: number | null;
+  /** The most resident memory sampled since the workers started. */
+  peak_host_memory?: number | null;
+  /** GPU memory held by torch's caching allocator, and used on the whole device. */
+  gpu_reserved?: number | null;
+  gpu_device_used?: number | null;
   /** '[12]': the last cell it ran, as the notebook numbers it (or its first line). */
   last_cell: string | null;
   node: string | null;

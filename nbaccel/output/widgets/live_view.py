@@ -58,6 +58,8 @@ class LaunchView:
         # Keyed by true rank number, in rank order (a subset's tabs are not 0..n-1).
         self.states: dict[int, RankState] = {rank: WAITING for rank in self.ranks}
         self.nodes: dict[int, str] = {}  # rank -> "node 1", across nodes: named in the tab title
+        self.resources: dict[int, str] = {}  # rank -> "cpu 97% · 1.5 GiB" (at the end: its peak)
+        self.peaks: dict[int, int] = {}  # rank -> most resident bytes sampled
         self.panels: dict[int, RankPanel] = {rank: self._new_panel(rank) for rank in self.ranks}
         self.chips: dict[int, w.HTML] = {rank: w.HTML(chip_html(rank, WAITING)) for rank in self.ranks}
         self.title = w.HTML(self._title_html())
@@ -119,8 +121,15 @@ class LaunchView:
         if self.states[rank] == state:
             return
         self.states[rank] = state
-        self.chips[rank].value = chip_html(rank, state)
+        self.chips[rank].value = chip_html(rank, state, self.resources.get(rank))
         self.tabs.titles = self._tab_titles()
+
+    def set_resources(self, rank: int, words: str) -> None:
+        """Show what rank ``rank`` uses now (``cpu 97% · 1.5 GiB``) in its chip."""
+        self.panel(rank)
+        if self.resources.get(rank) != words:
+            self.resources[rank] = words
+            self.chips[rank].value = chip_html(rank, self.states[rank], words)
 
     def set_clock(self, text: str) -> None:
         value = _clock_html(text)
@@ -181,13 +190,15 @@ def tab_title(rank: int, state: RankState, node: str | None = None) -> str:
     return f"rank {rank} · {node} · {state.short}" if node else f"rank {rank} · {state.short}"
 
 
-def chip_html(rank: int, state: RankState) -> str:
-    """A rounded label: symbol and words first, colour only as a second cue."""
+def chip_html(rank: int, state: RankState, resources: str | None = None) -> str:
+    """A rounded label: symbol and words first, colour only as a second cue; then what the rank
+    uses (``resources``, sampled by the kernel) in a quieter span."""
     background, colour, border = state.colours
+    use = f" <span class='nbaccel-resources' style='opacity:0.75'>· {html.escape(resources)}</span>" if resources else ""
     return (
         f"<span title='rank {rank}: {html.escape(state.long)}' style='display:inline-block;padding:0 8px;margin:1px 2px;"
         f"border-radius:10px;font-size:12px;line-height:18px;background:{background};color:{colour};border:1px solid {border}'>"
-        f"{state.symbol} rank {rank} · {html.escape(state.long)}</span>"
+        f"{state.symbol} rank {rank} · {html.escape(state.long)}{use}</span>"
     )
 
 

@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nbaccel.launch.outcome import RankOutcome, Status
+from nbaccel.output.resource_words import peak_words, resource_words
 from nbaccel.output.status_words import RUNNING, elapsed_words, failure_headline, rank_state
+from nbaccel.output.stragglers import wall_straggler
 from nbaccel.output.widgets.live_view import LaunchView, ranks_words
 from nbaccel.output.widgets.static_view import static_bundle
 from nbaccel.wire import rich
@@ -165,6 +167,10 @@ class LiveViewSink:
             self._nodes[rank] = f"node {event.get('node')} ({event.get('host')})"
             self.view.set_node(rank, f"node {event.get('node')}")
             return
+        if kind == rich.RESOURCES:  # sampled by the kernel: the chip says it, the rank's state is unchanged
+            self.view.peaks[rank] = max(self.view.peaks.get(rank, 0), int(event.get("peak_rss") or 0))
+            self.view.set_resources(rank, resource_words(event))
+            return
         self._mark_running(rank)
         panel = self.view.panel(rank)
         if kind == rich.DISPLAY:
@@ -271,7 +277,12 @@ class LiveViewSink:
                 view.set_state(outcome.rank, rank_state(outcome))
         for panel in view.panels.values():
             panel.sync()
+        for rank, peak in view.peaks.items():  # the saved view keeps each rank's peak, not its last sample
+            view.resources[rank] = peak_words({"peak_rss": peak})
         summary = self._summary(self.clock() - self._started_at)
+        straggler = wall_straggler(self._elapsed)
+        if straggler:
+            summary = f"{summary}; {straggler}"
         view.set_clock(summary)
         try:
             assert self.display_id is not None

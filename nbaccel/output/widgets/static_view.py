@@ -52,7 +52,8 @@ def render_text(view: LaunchView, summary: str) -> str:
     if view.log_dir:
         lines.append(f"full logs: {view.log_dir}")
     for rank, panel in view.panels.items():
-        lines.append(f"── {tab_title(rank, view.states[rank])} ──")
+        use = f" · {view.resources[rank]}" if rank in view.resources else ""
+        lines.append(f"── {tab_title(rank, view.states[rank])}{use} ──")
         lines.extend(_panel_text(panel))
     return "\n".join(lines)
 
@@ -65,7 +66,7 @@ def render_html(view: LaunchView, summary: str) -> str:
     parts = [
         "<div class='nbaccel-launch-static'>",
         f"<div><b>nbaccel</b> <span style='color:#5f6368'>{ranks}{attempt} · {html.escape(summary)}</span></div>{logs}",
-        "<div>" + "".join(chip_html(rank, state) for rank, state in view.states.items()) + "</div>",
+        "<div>" + "".join(chip_html(rank, state, view.resources.get(rank)) for rank, state in view.states.items()) + "</div>",
     ]
     for rank, panel in view.panels.items():
         state = view.states[rank]

@@ -1,0 +1,68 @@
+"""The tables ``%distributed status`` and ``%distributed free`` print: one row per rank.
+
+Example:
+    >>> from nbaccel.pool import WorkerStatus
+    >>> print(status_table([WorkerStatus(0, 4242, "cpu", "idle", 310.4, None, "x = 1", cpu_percent=12.0, peak_memory_mb=400.0)]))
+    rank  pid   device  state  cpu  memory   peak     last cell
+    0     4242  cpu     idle   12%  310 MiB  400 MiB  x = 1
+    >>> print(free_table({0: {"before": {"rss": 2**30, "device_reserved": None}, "after": {"rss": 2**29, "device_reserved": None}, "collected": 12}}))
+    rank  resident                       gpu cache  objects collected
+    0     1.0 GiB -> 512 MiB (-512 MiB)  -          12
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from nbaccel.wire.sizes import gib
+
+if TYPE_CHECKING:
+    from nbaccel.pool import WorkerStatus  # types only: %load_ext does not import the pool
+
+_MIB = 2**20
+
+
+def status_table(statuses: Iterable[WorkerStatus]) -> str:
+    """Per rank: pid, device, state, CPU use, resident memory and its peak, GPU memory, last cell.
+
+    The gpu column (allocated / reserved by torch / used on the whole device) shows only when a
+    rank uses CUDA.
+    """
+    statuses = list(statuses)
+    gpu = any(s.device_memory_mb is not None for s in statuses)
+    rows = [("rank", "pid", "device", "state", "cpu", "memory", "peak", *(("gpu (allocated/reserved/device)",) if gpu else ()), "last cell")]
+    for s in statuses:
+        cpu = "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%"
+        peak = "-" if s.peak_memory_mb is None else gib(int(s.peak_memory_mb * _MIB))
+        rows.append((str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *((_gpu_cell(s),) if gpu else ()), s.last_cell or "-"))
+    return _table(rows)
+
+
+def _gpu_cell(s: WorkerStatus) -> str:
+    figures = (s.device_memory_mb, s.device_reserved_mb, s.device_used_mb)
+    return " / ".join("-" if f is None else gib(int(f * _MIB)) for f in figures)
+
+
+def free_table(freed: Mapping[int, Mapping[str, Any]]) -> str:
+    """Per rank: resident memory and torch's GPU cache before -> after, and objects collected."""
+    rows = [("rank", "resident", "gpu cache", "objects collected")]
+    for rank, answer in sorted(freed.items()):
+        before, after = answer["before"], answer["after"]
+        cache = _change(before.get("device_reserved"), after.get("device_reserved"))
+        rows.append((str(rank), _change(before["rss"], after["rss"]), cache, str(answer.get("collected", 0))))
+    return _table(rows)
+
+
+def _change(before: int | None, after: int | None) -> str:
+    if before is None or after is None:
+        return "-"
+    delta = after - before
+    sign = "-" if delta < 0 else "+"
+    return f"{gib(before)} -> {gib(after)} ({sign}{gib(abs(delta))})"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    # the last column is not padded: zip stops at the widths
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows)

@@ -1,0 +1,70 @@
+"""Out of memory, named: a rank past RLIMIT_AS, a rank the OOM killer takes in a memory cgroup."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import nbaccel
+from nbaccel.output.sinks import CollectingSink
+
+pytestmark = pytest.mark.timeout(120)
+
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def allocate_past_an_address_space_limit() -> None:
+    import resource
+
+    if os.environ["RANK"] == "1":
+        with open("/proc/self/statm") as statm:
+            virtual = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (virtual + 256 * 2**20, resource.RLIM_INFINITY))
+        bytearray(2**30)
+
+
+def test_a_rank_allocating_past_rlimit_as_is_reported_out_of_memory_with_its_peak() -> None:
+    with pytest.raises(nbaccel.RankFailedError) as caught:
+        nbaccel.notebook_launcher(allocate_past_an_address_space_limit, num_processes=2, output=CollectingSink())
+    text = str(caught.value)
+    assert "rank 1" in text and "MemoryError" in text, text
+    assert "out of memory on rank 1: peak " in text and "(RLIMIT_AS)" in text, text
+
+
+def grow_until_killed(cgroup: str) -> None:
+    if os.environ["RANK"] == "1":
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+        chunks = []
+        while True:  # 20 MiB every 50 ms, each page touched: the sampler sees it grow
+            chunks.append(bytearray(b"x" * (20 * 2**20)))
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def memory_cgroup() -> Path:
+    if not os.access(_CGROUP_V1, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory controller (root) to set a limit for the test")
+    folder = _CGROUP_V1 / f"nbaccel-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / "memory.limit_in_bytes").write_text(str(300 * 2**20))
+    yield folder
+    for _ in range(50):  # the killed rank leaves the cgroup once reaped
+        try:
+            folder.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)
+
+
+def test_a_rank_the_oom_killer_takes_is_named_with_its_peak_and_the_limit(memory_cgroup: Path) -> None:
+    with pytest.raises(nbaccel.RankFailedError) as caught:
+        nbaccel.notebook_launcher(grow_until_killed, args=(str(memory_cgroup),), num_processes=2, output=CollectingSink())
+    text = str(caught.value)
+    assert "rank 1" in text and "killed by the out-of-memory killer (peak " in text and " of 300 MiB)" in text, text
+    outcome = {o.rank: o for o in caught.value.outcomes}[1]
+    assert outcome.peak_rss is not None and outcome.peak_rss > 100 * 2**20
