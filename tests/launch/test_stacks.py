@@ -101,15 +101,21 @@ def test_an_interrupt_says_where_each_rank_was() -> None:
     assert psutil.Process().children() == []
 
 
-def fail_on_rank_one_while_rank_zero_computes() -> None:
+def fail_on_rank_one_while_rank_zero_computes(started: str) -> None:
     if os.environ["RANK"] == "1":
+        # Raise only once rank 0 is in its step: under load it may still be starting otherwise.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(started) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise ValueError("boom")
+    open(started, "w").close()
     time.sleep(30)  # a stand-in for a long step that a peer's failure does not interrupt
 
 
-def test_a_peer_stopped_by_a_failure_says_where_it_was() -> None:
+def test_a_peer_stopped_by_a_failure_says_where_it_was(tmp_path) -> None:
+    started = str(tmp_path / "rank-0-started")
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: boom") as caught:
-        nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_computes, num_processes=2)
+        nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_computes, args=(started,), num_processes=2)
     assert "Where the other ranks were when they were stopped:\n  rank 0: in `time.sleep`" in str(caught.value)
 
 
