@@ -75,6 +75,7 @@ class LocalRankGroup:
                     group.rendezvous.start_store(plan.num_processes)
             finally:
                 gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
+                starter.release()
         except BaseException:  # an interrupt too, wherever it lands (unfreezing takes a while): no rank is left
             group.close()
             raise
@@ -92,7 +93,7 @@ class LocalRankGroup:
             pid = starter.start(job, rank, env, child_ends, inherited)
         finally:
             close_child_ends(child_ends)
-        self.processes.append(RankProcess(rank, pid))
+        self.processes.append(starter.process(rank, pid))
 
     # -- feeding the loop ------------------------------------------------------------------------
 

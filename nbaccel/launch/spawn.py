@@ -2,7 +2,8 @@
 
 The job travels as cloudpickle bytes over the child's stdin, so functions defined in a notebook
 work (plain ``spawn`` cannot import them from ``__main__``). The function keeps its file name and
-source (nbaccel.wire.portable), so errors still show the notebook's lines.
+source (nbaccel.wire.portable), so errors still show the notebook's lines. It is pickled once per
+launch (``PickledJobs``), not once per rank, and loaded after the rank pinned its device.
 """
 
 from __future__ import annotations
@@ -10,9 +11,34 @@ from __future__ import annotations
 import os
 import sys
 
+import pickle
+
+from nbaccel.launch.notices import say
+from nbaccel.launch.processes import RankProcess
 from nbaccel.rank.bootstrap import ChildEnds, Job
 from nbaccel.rank.spawn_entry import CHANNEL_FD, COMMANDS_FD
-from nbaccel.wire.portable import Sourced
+from nbaccel.wire.job_pickle import dump_job
+
+
+class PickledJobs:
+    """The bytes of the last job pickled: every rank of a launch gets the same ones."""
+
+    def __init__(self) -> None:
+        self._job: Job | None = None
+        self._payload = b""
+
+    def payload(self, job: Job) -> bytes:
+        if job is not self._job:
+            gpu_tensors: list[str] = []
+            self._payload = dump_job(job, gpu_tensors)
+            self._job = job
+            if gpu_tensors:  # one line per launch
+                say(f"the function holds {len(gpu_tensors)} CUDA tensor(s) ({'; '.join(gpu_tensors[:3])}{'; ...' if len(gpu_tensors) > 3 else ''}); each rank gets a copy on its own GPU")
+        return self._payload
+
+    def release(self) -> None:
+        """The launch has started: forget the bytes (a restart pickles again, the job may differ)."""
+        self._job, self._payload = None, b""
 
 
 class SpawnStarter:
@@ -25,12 +51,18 @@ class SpawnStarter:
 
     start_method = "spawn"
 
-    def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
-        import cloudpickle
+    def __init__(self) -> None:
+        self.jobs = PickledJobs()
 
-        payload = cloudpickle.dumps(
-            {"job": Job(Sourced.wrap(job.function), job.args, job.pass_ends), "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None}
-        )
+    def process(self, rank: int, pid: int) -> RankProcess:
+        return RankProcess(rank, pid)
+
+    def release(self) -> None:
+        self.jobs.release()
+
+    def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
+        spec = {"job": self.jobs.payload(job), "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None}
+        payload = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
         actions = [
             (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
             (os.POSIX_SPAWN_DUP2, ends.stderr, 2),

@@ -98,7 +98,7 @@ class WorkerPool:
 
         What the ranks print while starting goes to ``output`` (a sink, or a name for ``make_sink``).
         """
-        seed = self._seed if self.launcher.start_method == "fork" else None  # spawn: fresh namespaces
+        seed = self._seed if self.launcher.start_method == "fork" else None  # fork server, spawn: fresh namespaces
         _import_rank_modules()
         job = Job(serve, args=(seed,), pass_ends=True)
         group = self.launcher.start_group(job, self.plan, attempt=0, persistent=True)
@@ -122,7 +122,7 @@ class WorkerPool:
 
     @property
     def start_method(self) -> str:
-        """"fork" or "spawn": how the workers were started (spawned workers start with empty namespaces)."""
+        """"fork", "forkserver" or "spawn": how the workers were started (all but fork start with empty namespaces)."""
         return self.launcher.start_method
 
     def stop(self, graceful: bool = True) -> None:

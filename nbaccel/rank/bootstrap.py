@@ -63,8 +63,12 @@ class ChildEnds:
     commands: int | None = None  # read end of the kernel's commands (persistent workers only)
 
 
-def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
-    """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code."""
+def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
+    """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code.
+
+    A job given as bytes (nbaccel.wire.job_pickle: spawn, the fork server) is loaded once the
+    rank's device is pinned, so captured CUDA tensors land on the rank's own GPU.
+    """
     exit_code = _EXIT_SETUP_FAILED
     modules_at_start = heavy_imports.present()
     try:
@@ -81,6 +85,10 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
         process_identity.become_rank()  # no interactive shell left for libraries to see (after the hooks' own)
+        if isinstance(job, bytes):
+            from nbaccel.wire.job_pickle import load_job
+
+            job = load_job(job)
         exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
