@@ -69,13 +69,8 @@ class RankPipes:
         return True
 
     def read_channel(self) -> tuple[list[events.Event], bool]:
-        """Events complete so far, and False at end of file."""
-        data = _read(self.channel)
-        if data is None:
-            return [], True
-        if not data:
-            return [], False
-        return self._decoder.feed(data), True
+        """Events complete so far, and False at end of file (a big payload is read in place)."""
+        return self._decoder.read_from(self.channel, _READ_SIZE)
 
     def drain(self, emit: LinesTo) -> list[events.Event]:
         """Read everything left (the rank has exited); flush unterminated lines. The events left."""

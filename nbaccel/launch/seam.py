@@ -165,3 +165,6 @@ class RankStarter(Protocol):
     def process(self, rank: int, pid: int) -> RankProcess:
         """The handle the group waits on, signals and reaps ``pid`` through (the fork server's
         ranks are not the kernel's children: their exits are relayed)."""
+
+    def release(self) -> None:
+        """Every rank of the launch has started: free what starting them needed (the pickled job)."""

@@ -9,9 +9,8 @@ launch (``PickledJobs``), not once per rank, and loaded after the rank pinned it
 from __future__ import annotations
 
 import os
-import sys
-
 import pickle
+import sys
 
 from nbaccel.launch.notices import say
 from nbaccel.launch.processes import RankProcess

@@ -88,8 +88,9 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
         if isinstance(job, bytes):
             from nbaccel.wire.job_pickle import load_job
 
-            job = load_job(job)
-        exit_code = execute(job, ends)
+            exit_code = execute(load_job(job), ends)
+        else:
+            exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:

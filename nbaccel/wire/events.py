@@ -72,7 +72,7 @@ class Event:
     """One decoded frame: its kind, and its payload still pickled (decode with ``value()``)."""
 
     kind: Kind
-    payload: bytes
+    payload: bytes | bytearray  # a big payload is the buffer it was read into (no copy)
 
     def value(self) -> Any:
         return loads(self.payload)
@@ -122,7 +122,7 @@ def _cpu_pickler(base: type) -> type:
     return CpuPickler
 
 
-def loads(payload: bytes) -> Any:
+def loads(payload: bytes | bytearray) -> Any:
     return pickle.loads(payload)
 
 
@@ -131,7 +131,7 @@ def send(fd: int, kind: Kind, value: Any) -> None:
     send_bytes(fd, kind, dumps(value))
 
 
-def send_bytes(fd: int, kind: Kind, payload: bytes, defer_sigint: bool = True) -> None:
+def send_bytes(fd: int, kind: Kind, payload: bytes | bytearray, defer_sigint: bool = True) -> None:
     """Write one frame. ``defer_sigint=False`` lets an interrupt stop a write that blocks (the
     kernel's side, which then treats the stream as broken)."""
     with _SEND_LOCK, (_sigint_deferred() if defer_sigint else contextlib.nullcontext()):
@@ -157,7 +157,7 @@ def encode_header(kind: Kind, length: int) -> bytes:
     return _HEADER.pack(VERSION, kind, length)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -165,30 +165,81 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class FrameDecoder:
-    """Reassembles frames from the chunks a non-blocking reader gets."""
+    """Reassembles frames from a stream, copying each payload once at most.
+
+    A frame's payload gets one buffer of its final size as soon as its header is read; the bytes
+    of a chunk are copied into it (``feed``), or a file descriptor's are read straight into it
+    (``read_from``: no copy at all), and that buffer is the event's payload. A 1 GiB result costs
+    1 GiB in the kernel while it arrives, not several (a growing buffer, a slice, bytes of it).
+    """
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._header = bytearray()
+        self._kind = 0
+        self._body: bytearray | None = None  # the payload being filled, once its header was read
+        self._filled = 0
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[Event]:
         """Every event completed by ``chunk``; raises FrameError on a frame it cannot read."""
-        self._buffer += chunk
-        decoded = []
-        while len(self._buffer) >= _HEADER.size:
-            version, kind, length = _HEADER.unpack_from(self._buffer)
-            if version != VERSION:
-                raise FrameError(f"event frame of format version {version}, but this nbaccel reads version {VERSION}; run the same nbaccel on both ends.")
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            decoded.append(Event(decode_kind(kind), bytes(self._buffer[_HEADER.size : end])))
-            del self._buffer[:end]
+        view = memoryview(chunk).cast("B")
+        decoded: list[Event] = []
+        while view:
+            if self._body is None:
+                view = self._take_header(view, decoded)
+            else:
+                take = min(len(view), len(self._body) - self._filled)
+                self._body[self._filled : self._filled + take] = view[:take]
+                self._filled += take
+                view = view[take:]
+                self._finish_body(decoded)
         return decoded
+
+    def read_from(self, fd: int, size: int = 1 << 20) -> tuple[list[Event], bool]:
+        """Read what ``fd`` (non-blocking) holds now: the events completed, and False at end of file.
+
+        A big payload's bytes are read into its own buffer directly."""
+        try:
+            if self._body is not None and len(self._body) - self._filled >= size:
+                count = os.readv(fd, [memoryview(self._body)[self._filled :]])
+                if not count:
+                    return [], False
+                self._filled += count
+                decoded: list[Event] = []
+                self._finish_body(decoded)
+                return decoded, True
+            chunk = os.read(fd, size)
+        except BlockingIOError:
+            return [], True
+        if not chunk:
+            return [], False
+        return self.feed(chunk), True
+
+    def _take_header(self, view: memoryview, decoded: list[Event]) -> memoryview:
+        take = min(len(view), _HEADER.size - len(self._header))
+        self._header += view[:take]
+        view = view[take:]
+        if len(self._header) < _HEADER.size:
+            return view
+        version, kind, length = _HEADER.unpack_from(self._header)
+        if version != VERSION:
+            raise FrameError(f"event frame of format version {version}, but this nbaccel reads version {VERSION}; run the same nbaccel on both ends.")
+        self._header.clear()
+        self._kind = kind
+        if length <= len(view):  # the whole (small) frame is here: one slice, no buffer to grow
+            decoded.append(Event(decode_kind(kind), bytes(view[:length])))
+            return view[length:]
+        self._body, self._filled = bytearray(length), 0
+        return view
+
+    def _finish_body(self, decoded: list[Event]) -> None:
+        if self._body is not None and self._filled == len(self._body):
+            decoded.append(Event(decode_kind(self._kind), self._body))
+            self._body = None
 
     @property
     def pending(self) -> int:
-        """Bytes of an incomplete frame still waiting for the rest."""
-        return len(self._buffer)
+        """Bytes of an incomplete frame received so far (header included)."""
+        return len(self._header) + (_HEADER.size + self._filled if self._body is not None else 0)
 
 
 def read_frame(fd: int) -> Event | None:
