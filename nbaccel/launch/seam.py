@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nbaccel.launch.outcome import RankOutcome
     from nbaccel.launch.processes import RankProcess
     from nbaccel.launch.stacks import RankStack
+    from nbaccel.wire.shm import Attachments
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,14 @@ class RankGroup(Protocol):
     def release(self) -> None:
         """Every rank returned: let those waiting to leave their process group go (exit barrier)."""
 
-    def send(self, rank: int, kind: Kind, payload: bytes) -> None:
-        """A command to a persistent rank (TASK, STOP). Raises OSError when the rank is gone."""
+    @property
+    def shares_memory(self) -> bool:
+        """Whether big values may travel to the ranks as memfds (``send(..., attached=...)``):
+        True for ranks on this machine, False for ranks on nodes (pickled in-band)."""
+
+    def send(self, rank: int, kind: Kind, payload: bytes, attached: Attachments | None = None) -> None:
+        """A command to a persistent rank (TASK, STOP), with the memfds its payload names (only
+        where ``shares_memory``). Raises OSError when the rank is gone."""
 
     def close(self) -> None:
         """Kill and reap whatever still runs; free ports, pipes and handles. Idempotent."""

@@ -12,8 +12,8 @@ ranks with it (theirs is set on the server).
 Messages are pickled dicts on a socketpair private to the kernel and its own child (like the
 event pipes: nothing here came from a network):
 
-- kernel to server ``{"op": "start", "rank", "env", "commands", "modules"}`` + fds
-  ``[stdout, stderr, channel, job, (commands)]``;
+- kernel to server ``{"op": "start", "rank", "env", "commands", "shared", "modules", "environ",
+  "path", "cwd"}`` + fds ``[stdout, stderr, channel, job, (commands), (shared), memfds of the job...]``;
 - server to kernel ``{"op": "started", "pid"}`` + ``[pidfd]``, or ``{"op": "failed", "error"}``;
 - server to kernel ``{"op": "exit", "pid", "code"}`` when a rank ended.
 
@@ -140,8 +140,12 @@ class _Server:
         from nbaccel.rank.bootstrap import ChildEnds, run_rank
 
         server_pid = os.getppid()
-        stdout, stderr, channel, job_fd = fds[:4]
-        commands = fds[4] if message["commands"] else None
+        stdout, stderr, channel, job_fd, *rest = fds
+        commands = rest.pop(0) if message["commands"] else None
+        shared = rest.pop(0) if message.get("shared") else None
+        from nbaccel.wire import shm
+
+        shm.expect(message["attached"], rest)  # the memfds of the job's big arguments
         try:
             job = _read_all(job_fd)
             os.close(job_fd)
@@ -149,7 +153,7 @@ class _Server:
             _take_kernel_context(message)
         except BaseException:  # noqa: BLE001 - never return into the server's loop
             os._exit(_EXIT_PARENT_GONE)
-        run_rank(job, message["rank"], message["env"], ChildEnds(stdout, stderr, channel, commands), mine, server_pid)
+        run_rank(job, message["rank"], message["env"], ChildEnds(stdout, stderr, channel, commands, shared), mine, server_pid)
 
     def _on_exit(self, pidfd: int) -> None:
         pid = self.children.pop(pidfd)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import io
 import os
 import pickle
 import signal
@@ -39,10 +38,13 @@ import struct
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import FrameError
+
+if TYPE_CHECKING:
+    from nbaccel.wire.shm import Attachments, Mailbox
 
 VERSION = 1
 _HEADER = struct.Struct("!BBQ")
@@ -73,29 +75,38 @@ class Event:
 
     kind: Kind
     payload: bytes | bytearray  # a big payload is the buffer it was read into (no copy)
+    mailbox: Mailbox | None = field(default=None, compare=False, repr=False)  # where its memfds come from
 
     def value(self) -> Any:
-        return loads(self.payload)
+        return loads(self.payload, self.mailbox)
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: Any, attached: Attachments | None = None) -> bytes:
     """Pickle ``value``, falling back to cloudpickle for lambdas and notebook-defined classes.
 
     Tensors on a GPU are moved to the CPU on the way: unpickling a CUDA tensor in the kernel
-    would initialise CUDA there, and no later launch could fork.
+    would initialise CUDA there, and no later launch could fork. With ``attached``, tensors and
+    arrays of 1 MiB or more go into memfds instead of the pickle (nbaccel.wire.shm).
     """
     on_gpu = _cuda_in_use()
-    try:
-        if not on_gpu:
+    if attached is None and not on_gpu:
+        try:
             return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        return _dump_with(_cpu_pickler(pickle.Pickler), value)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        import cloudpickle  # only when plain pickle cannot: it is slower and imports more
+        except (pickle.PicklingError, AttributeError, TypeError):
+            import cloudpickle  # only when plain pickle cannot: it is slower and imports more
 
-        if not on_gpu:
             payload: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
             return payload
-        return _dump_with(_cpu_pickler(cloudpickle.Pickler), value)
+    from nbaccel.wire import shm
+
+    try:
+        return shm.dumps(value, attached, to_cpu=on_gpu)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle
+
+        if attached is not None:
+            attached.close()  # memfds of the failed attempt: the second one makes its own
+        return shm.dumps(value, attached, to_cpu=on_gpu, base=cloudpickle.Pickler)
 
 
 def _cuda_in_use() -> bool:
@@ -103,27 +114,12 @@ def _cuda_in_use() -> bool:
     return torch is not None and torch.cuda.is_initialized()
 
 
-def _dump_with(pickler_class: type, value: Any) -> bytes:
-    buffer = io.BytesIO()
-    pickler_class(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buffer.getvalue()
+def loads(payload: bytes | bytearray, mailbox: Mailbox | None = None) -> Any:
+    if mailbox is None:
+        return pickle.loads(payload)
+    from nbaccel.wire import shm
 
-
-def _cpu_pickler(base: type) -> type:
-    import torch
-
-    class CpuPickler(base):  # type: ignore[misc]
-        def reducer_override(self, obj: Any) -> Any:
-            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # type: ignore[no-untyped-call]
-            parent = getattr(super(), "reducer_override", None)
-            return parent(obj) if parent is not None else NotImplemented
-
-    return CpuPickler
-
-
-def loads(payload: bytes | bytearray) -> Any:
-    return pickle.loads(payload)
+    return shm.loads(payload, mailbox)
 
 
 def send(fd: int, kind: Kind, value: Any) -> None:
@@ -173,7 +169,8 @@ class FrameDecoder:
     1 GiB in the kernel while it arrives, not several (a growing buffer, a slice, bytes of it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, mailbox: Mailbox | None = None) -> None:
+        self.mailbox = mailbox  # given to every event decoded: the memfds a payload names come from there
         self._header = bytearray()
         self._kind = 0
         self._body: bytearray | None = None  # the payload being filled, once its header was read
@@ -226,14 +223,14 @@ class FrameDecoder:
         self._header.clear()
         self._kind = kind
         if length <= len(view):  # the whole (small) frame is here: one slice, no buffer to grow
-            decoded.append(Event(decode_kind(kind), bytes(view[:length])))
+            decoded.append(Event(decode_kind(kind), bytes(view[:length]), self.mailbox))
             return view[length:]
         self._body, self._filled = bytearray(length), 0
         return view
 
     def _finish_body(self, decoded: list[Event]) -> None:
         if self._body is not None and self._filled == len(self._body):
-            decoded.append(Event(decode_kind(self._kind), self._body))
+            decoded.append(Event(decode_kind(self._kind), self._body, self.mailbox))
             self._body = None
 
     @property

@@ -22,26 +22,29 @@ import pickle
 import sys
 from typing import Any
 
+from nbaccel.wire import shm
 from nbaccel.wire.portable import Sourced
 
 # A job is nbaccel.rank.bootstrap.Job (function, args, pass_ends); typed loosely here, a layer below.
 Job = Any
 
 
-def dump_job(job: Job, gpu_tensors: list[str] | None = None) -> bytes:
+def dump_job(job: Job, gpu_tensors: list[str] | None = None, attached: shm.Attachments | None = None) -> bytes:
     """``job`` as bytes; CUDA tensors it holds (anywhere in its closure) become CPU copies that
-    each rank rebuilds on its own device, each described in ``gpu_tensors`` when given."""
+    each rank rebuilds on its own device, each described in ``gpu_tensors`` when given. With
+    ``attached``, tensors and arrays of 1 MiB or more travel as memfds (nbaccel.wire.shm)."""
     import cloudpickle
 
     portable = type(job)(Sourced.wrap(job.function), job.args, job.pass_ends)
     buffer = io.BytesIO()
-    _job_pickler(cloudpickle.Pickler, [] if gpu_tensors is None else gpu_tensors)(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(portable)
+    base = shm.pickler_class(cloudpickle.Pickler, attached, to_cpu=False)
+    _job_pickler(base, [] if gpu_tensors is None else gpu_tensors)(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(portable)
     return buffer.getvalue()
 
 
-def load_job(payload: bytes) -> Job:
-    """The job back, in the rank (after its device is pinned)."""
-    return pickle.loads(payload)  # bytes from our own kernel, over a private pipe or memfd
+def load_job(payload: bytes, mailbox: shm.Mailbox | None = None) -> Job:
+    """The job back, in the rank (after its device is pinned); its memfds from ``mailbox``."""
+    return shm.loads(payload, mailbox)  # bytes from our own kernel, over a private pipe or memfd
 
 
 def is_gpu_tensor(tensor: Any) -> bool:
