@@ -46,6 +46,7 @@ MODE_VARIABLE = "NBACCEL_FORK_SERVER"  # "eager" (default), "lazy" (only when ne
 WARM_MODULES = ("torch", "torch.distributed", "numpy", "nbaccel.rank.bootstrap")
 _SOCKET_BUFFER = 1 << 20  # a request holds the kernel's whole environment
 _REPLY_WAIT = 300.0  # an exec'd server imports torch before it answers the first request
+_REFRESH_ABOVE = 24 << 20  # own memory (USS) past which an idle server is forked anew, when it can be
 _EXIT_WAIT = 5.0  # the rank ended (its pidfd said so); its code follows from the server at once
 
 
@@ -56,11 +57,13 @@ class ForkServerError(OSError):
 class ForkServer:
     """A running server: its pid, the kernel's end of the socket, and exit codes relayed so far."""
 
-    def __init__(self, sock: socket.socket, pid: int, how: str) -> None:
+    def __init__(self, sock: socket.socket, pid: int, how: str, modules: frozenset[str]) -> None:
         self.sock = sock
         self.pid = pid
         self.how = how  # "forked" from the kernel, or "exec'd" fresh
+        self.modules = modules  # the heavy modules it had from the start (shared with the kernel if forked)
         self.exits: dict[int, int] = {}
+        self.running: set[int] = set()  # ranks started and not yet ended
         self._gone = False
 
     def alive(self) -> bool:
@@ -86,6 +89,7 @@ class ForkServer:
             if message is None:
                 raise ForkServerError(f"the fork server (pid {self.pid}) ended before starting rank {request['rank']}")
             if message["op"] == "started":
+                self.running.add(int(message["pid"]))
                 return int(message["pid"]), passed[0]
             if message["op"] == "failed":
                 raise ForkServerError(f"the fork server could not start rank {request['rank']}: {message['error']}")
@@ -111,6 +115,7 @@ class ForkServer:
             self._gone = True
         elif message["op"] == "exit":
             self.exits[int(message["pid"])] = int(message["code"])
+            self.running.discard(int(message["pid"]))
         return message, fds
 
     def close(self) -> None:
@@ -147,7 +152,7 @@ def fork_from_kernel() -> ForkServer:
     finally:
         gc.unfreeze()
     server_end.close()
-    return ForkServer(kernel_end, pid, "forked")
+    return ForkServer(kernel_end, pid, "forked", frozenset(_warm_names()))
 
 
 def exec_fresh() -> ForkServer:
@@ -167,7 +172,7 @@ def exec_fresh() -> ForkServer:
         )
     finally:
         server_end.close()
-    return ForkServer(kernel_end, pid, "exec'd")
+    return ForkServer(kernel_end, pid, "exec'd", frozenset(modules))
 
 
 class ServedRankProcess(RankProcess):
@@ -249,7 +254,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _warm_names() -> list[str]:
-    return [name for name in WARM_MODULES if name in sys.modules]
+    return [name for name in WARM_MODULES if name in sys.modules and not name.startswith("nbaccel.")]
 
 
 # -- the kernel's one server -------------------------------------------------------------------
@@ -275,6 +280,48 @@ def start_early() -> None:
         return
     _server = fork_from_kernel()
     atexit.register(shutdown)
+    _watch_cells()
+
+
+def refresh() -> None:
+    """Fork the server again when the kernel, still fork-safe, has gained heavy modules (torch)
+    since (the new one shares them instead of importing its own copy: 100+ MiB), or when the
+    server's own memory grew past 24 MiB (copy-on-write). Only while no rank of the old one runs.
+    Called after each cell and before each forked launch: a look at /proc, under a millisecond."""
+    global _server
+    server = _server
+    if server is None or server.how != "forked" or server.running:
+        return
+    if set(_warm_names()) <= server.modules and own_memory(server.pid) < _REFRESH_ABOVE:
+        return
+    if fork_hazards() or not server.alive():
+        return
+    server.close()
+    _server = fork_from_kernel()
+
+
+def own_memory(pid: int) -> int:
+    """Bytes only ``pid`` holds (USS: private pages). Pages it shared with the kernel become its
+    own as the kernel writes to them (its garbage collector touches every object's header)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            return sum(int(line.split()[1]) * 1024 for line in rollup if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    except OSError:
+        return 0
+
+
+def _after_cell(*_: Any) -> None:
+    try:
+        refresh()
+    except OSError:  # fork failed (out of memory, pid limit): the next launch starts one
+        pass
+
+
+def _watch_cells() -> None:
+    ipython_module = sys.modules.get("IPython")
+    shell = ipython_module.get_ipython() if ipython_module is not None else None
+    if shell is not None and _after_cell not in shell.events.callbacks.get("post_run_cell", []):
+        shell.events.register("post_run_cell", _after_cell)
 
 
 def fork_server() -> ForkServer:
