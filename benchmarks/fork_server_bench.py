@@ -86,7 +86,7 @@ for _ in range(max(3, RUNS // 3)):
     zc["clone"].append(timed(clone_floor)); zc["clone_peak"].append((peak_rss() - base) / NBYTES)
     gc.collect(); reset_peak(); base = psutil.Process().memory_info().rss
     zc["push"].append(timed(lambda: pool.push(big=payload))); zc["push_peak"].append((peak_rss() - base) / NBYTES)
-    pool.run_task(lambda ns: ns.pop("big", None) and None)
+    pool.run_task(lambda ns: ns.pop("big", None) is None)
     gc.collect(); reset_peak(); base = psutil.Process().memory_info().rss
     holder = []
     zc["result"].append(timed(lambda: holder.append(nbaccel.notebook_launcher(result_rank, num_processes=2, output=quiet()))))
@@ -110,7 +110,9 @@ def main() -> None:
         run = kernel.execute(KERNEL_CODE.replace("__RUNS__", str(args.runs)).replace("__GIB__", repr(args.gib)), timeout=1800)
         if run.status != "ok":
             sys.exit(f"benchmark failed in the kernel:\n{run.error}\n{run.stdout[-2000:]}")
-        line = next(l for l in run.stdout.splitlines() if l.startswith("BENCH"))
+        line = next((l for l in run.stdout.splitlines() if l.startswith("BENCH")), None)
+        if line is None:
+            sys.exit(f"no figures from the kernel:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     report(json.loads(line[len("BENCH") :]), load, args.gib)
 
 

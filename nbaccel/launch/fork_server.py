@@ -210,10 +210,10 @@ class ServerStarter:
     def __init__(self, server: ForkServer) -> None:
         from nbaccel.launch.spawn import PickledJobs
 
-        self.server = server
+        self.server = server  # the kernel's server when this starter was made; each start asks anew
         self.jobs = PickledJobs()
         self._job_fd: tuple[bytes, int] | None = None
-        self._pidfds: dict[int, int] = {}
+        self._started: dict[int, tuple[int, ForkServer]] = {}
 
     def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
         request = {"op": "start", "rank": rank, "env": env, "commands": ends.commands is not None, "shared": ends.shared is not None, "modules": _warm_names(), "environ": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd()}
@@ -221,12 +221,15 @@ class ServerStarter:
         fds += [fd for fd in (ends.commands, ends.shared) if fd is not None]
         request["attached"] = self.jobs.attached.tag
         fds += self.jobs.attached.fds
+        if self.server is not _server or not self.server.alive():
+            self.server = fork_server()  # a pool outlives servers: restarted or forked again since
         pid, pidfd = self.server.start_rank(request, fds)
-        self._pidfds[pid] = pidfd
+        self._started[pid] = (pidfd, self.server)
         return pid
 
     def process(self, rank: int, pid: int) -> RankProcess:
-        return ServedRankProcess(rank, pid, self._pidfds.pop(pid), self.server)
+        pidfd, server = self._started.pop(pid)
+        return ServedRankProcess(rank, pid, pidfd, server)
 
     def _job_memfd(self, job: Job) -> int:
         """One memfd per launch holding the pickled job (no file anywhere; freed with its last fd)."""
