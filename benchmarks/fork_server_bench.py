@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests.kernel_harness import running_kernel  # noqa: E402
+from tests.kernel_harness import running_kernel
 
 KERNEL_CODE = r'''
 %load_ext nbaccel
@@ -110,7 +110,7 @@ def main() -> None:
         run = kernel.execute(KERNEL_CODE.replace("__RUNS__", str(args.runs)).replace("__GIB__", repr(args.gib)), timeout=1800)
         if run.status != "ok":
             sys.exit(f"benchmark failed in the kernel:\n{run.error}\n{run.stdout[-2000:]}")
-        line = next((l for l in run.stdout.splitlines() if l.startswith("BENCH")), None)
+        line = next((text for text in run.stdout.splitlines() if text.startswith("BENCH")), None)
         if line is None:
             sys.exit(f"no figures from the kernel:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     report(json.loads(line[len("BENCH") :]), load, args.gib)

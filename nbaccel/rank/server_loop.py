@@ -194,7 +194,7 @@ def _warm(modules: Any) -> None:
         if name not in sys.modules:
             try:
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001, S112 - warming is an optimisation: the rank imports what it needs
+            except Exception:  # noqa: BLE001 - warming is an optimisation: the rank imports what it needs
                 continue
 
 

@@ -37,7 +37,7 @@ def test_a_kernel_that_touched_cuda_launches_one_rank_per_gpu_through_the_server
         assert "starting the ranks from nbaccel's fork server (forked from this kernel before it became unsafe)" in run.stdout
         assert "the function holds 1 CUDA tensor(s)" in run.stdout
         line = next(line for line in run.stdout.splitlines() if line.startswith("RESULTS"))
-        results, server_pid, gpus = eval(line[len("RESULTS") :].rsplit(" ", 2)[0]), int(line.split()[-2]), int(line.split()[-1])  # noqa: S307 - our own kernel's output
+        results, server_pid, gpus = eval(line[len("RESULTS") :].rsplit(" ", 2)[0]), int(line.split()[-2]), int(line.split()[-1])
         n = gpus
         assert [r[0] for r in results] == [n * (n + 1) / 2] * n
         assert [r[1] for r in results] == [f"cuda:{i}" for i in range(n)]  # each rank's own GPU, not cuda:0
