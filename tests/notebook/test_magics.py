@@ -209,8 +209,7 @@ def test_unload_removes_the_magic_and_load_brings_it_back(ip: InteractiveShell) 
     assert ip.find_cell_magic("distributed") is not None
 
 
-def test_lazy_magics_config_loads_nbaccel_on_first_use(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NBACCEL_FORK_SERVER", "lazy")  # loading forks the fork server: in this test process, a leak
+def test_lazy_magics_config_loads_nbaccel_on_first_use(ip: InteractiveShell) -> None:
     ip.run_line_magic("unload_ext", "nbaccel")
     manager = ip.magics_manager
     saved = dict(manager.lazy_magics)
