@@ -94,7 +94,9 @@ def choose_starter(start_method: str, local_ranks: int | None = None) -> RankSta
             raise fork_error(fatal)
         return instead_of_fork(fatal[0])
     if hazards:  # only the OpenMP pool
-        starter = _server_starter(required=False) if start_method == "auto" else None
+        # Only a server already running: exec'ing one imports torch (seconds); one thread is cheaper.
+        running = fork_server.running_server()
+        starter = _server_starter(required=False) if start_method == "auto" and running is not None and running.alive() else None
         if starter is not None:
             say(f"{hazards[0]}; starting the ranks from nbaccel's fork server ({_how(starter)}).")
             return starter

@@ -35,7 +35,7 @@ def test_captured_gpu_tensors_travel_as_cpu_copies_and_are_named(pretend_gpu) ->
 def test_a_launch_through_the_server_names_captured_gpu_tensors_once(pretend_gpu, capsys) -> None:
     table = torch.arange(4.0)
     table._on_gpu = True
-    fork_server.start_early()
+    fork_server.start_early()  # or, once this process's OpenMP pool started, auto starts an exec'd one
     mark_not_fork_safe("CUDA is initialised (pretend)")
     try:
         assert nbaccel.notebook_launcher(lambda: table.sum().item(), num_processes=2) == [6.0, 6.0]
