@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from nbaccel._version import __version__
@@ -107,6 +108,7 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Called by ``%load_ext nbaccel``: registers the ``%%distributed`` magics."""
+    _start_fork_server()
     from nbaccel.notebook.magics import register
     from nbaccel.notebook.workers_comm import attach
     from nbaccel.output.frontend import watch
@@ -123,3 +125,19 @@ def unload_ipython_extension(ipython: Any) -> None:
 
     detach(ipython)
     unregister(ipython)
+
+
+def _start_fork_server() -> None:
+    """Fork nbaccel's fork server now, while the kernel is still fork-safe (nbaccel.launch.fork_server)."""
+    from nbaccel.launch.fork_server import start_early
+
+    start_early()
+
+
+def _in_a_kernel() -> bool:
+    app = sys.modules.get("ipykernel.kernelapp")
+    return app is not None and bool(app.IPKernelApp.initialized())
+
+
+if _in_a_kernel():  # `import nbaccel` in a notebook: later the kernel may touch CUDA
+    _start_fork_server()

@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import re
 
+from nbaccel.launch import preflight
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.state import reset_all_states
 
-__all__ = ["TIME_SCALE_VARIABLE", "CollectingSink", "nbaccel_frames", "reset_all_states", "scaled", "time_scale"]
+__all__ = ["TIME_SCALE_VARIABLE", "CollectingSink", "mark_fork_safe", "mark_not_fork_safe", "nbaccel_frames", "reset_all_states", "scaled", "time_scale"]
 
 TIME_SCALE_VARIABLE = "NBACCEL_TEST_TIME_SCALE"
 _CI_SCALE = 2.0  # a shared CI runner is slower than a developer's machine, and less predictable
@@ -27,6 +28,28 @@ _MOST_LOAD_SCALE = 4.0
 
 # A frame of nbaccel's own in a traceback names a file inside the package, whatever it is called.
 _PACKAGE_FILE = re.compile(r"nbaccel[/\\](?:[\w.-]+[/\\])*[\w.-]+\.py")
+
+
+def mark_not_fork_safe(reason: str = "this kernel was marked not fork-safe by nbaccel.testing") -> None:
+    """Make this process count as unsafe to fork (as if CUDA were initialised), without a GPU.
+
+    Launches then take the path a kernel that touched CUDA takes (the fork server, or spawn).
+
+    Example:
+        >>> mark_not_fork_safe("CUDA is initialised (pretend)")
+        >>> from nbaccel.launch.preflight import fork_hazards
+        >>> fork_hazards()
+        ['CUDA is initialised (pretend)']
+        >>> mark_fork_safe()
+        >>> fork_hazards()
+        []
+    """
+    preflight.marked_unsafe[:] = [reason]
+
+
+def mark_fork_safe() -> None:
+    """Undo `mark_not_fork_safe` (real hazards, such as CUDA, still count)."""
+    preflight.marked_unsafe.clear()
 
 
 def nbaccel_frames(traceback_text: str) -> list[str]:

@@ -161,7 +161,8 @@ def is_available_then_launch() -> dict[str, Any]:
 
 @case("cuinit-routes-to-spawn")
 def cuinit_routes_to_spawn() -> dict[str, Any]:
-    """With PYTORCH_NVML_BASED_CUDA_CHECK=0 (set by the runner), is_available() runs cuInit: the launch must spawn."""
+    """With PYTORCH_NVML_BASED_CUDA_CHECK=0 (set by the runner), is_available() runs cuInit: the
+    launch must not fork; it starts from the fork server (exec'd here: no server was forked early)."""
     import torch
 
     import nbaccel
@@ -174,8 +175,55 @@ def cuinit_routes_to_spawn() -> dict[str, Any]:
     started = time.perf_counter()
     result = nbaccel.notebook_launcher(_gpu_tensor, num_processes=1, timeout=120)
     expect(float(result[0].sum()) == 8.0, f"the launch returned {result!r}")
-    expect(state == "initialised" and starter == "SpawnStarter", f"driver {state}, torch flag {flag}, starter {starter}")
+    expect(state == "initialised" and starter in ("ServerStarter", "SpawnStarter"), f"driver {state}, torch flag {flag}, starter {starter}")
     return {"driver_state": state, "torch_is_initialized": flag, "starter": starter, "seconds": round(time.perf_counter() - started, 3)}
+
+
+_CAPTURED: Any = None
+
+
+def _nccl_through_server() -> tuple[float, str, float]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    t = torch.ones(1, device=f"cuda:{os.environ['LOCAL_RANK']}")
+    dist.all_reduce(t)
+    return t.item(), str(_CAPTURED.device), float(_CAPTURED.sum())
+
+
+@case("fork-server-nccl")
+def fork_server_nccl() -> dict[str, Any]:
+    """The fork server forked while the process was clean; then CUDA is initialised here and a
+    captured CUDA tensor is carried: one rank per GPU from the server, on NCCL, the tensor on the
+    rank's own GPU. Figures: the launch through the server against the first (which imports)."""
+    global _CAPTURED
+    import torch
+
+    import nbaccel
+    from nbaccel.launch import fork_server
+
+    fork_server.start_early()
+    server = fork_server.running_server()
+    expect(server is not None and server.how == "forked", f"no server forked early ({server and server.how})")
+    _CAPTURED = torch.arange(4.0, device="cuda")
+    timings = []
+    for _ in range(3):
+        started = time.perf_counter()
+        results = nbaccel.notebook_launcher(_nccl_through_server, timeout=120)
+        timings.append(round(time.perf_counter() - started, 3))
+    n = torch.cuda.device_count()
+    expect([r[1] for r in results] == [f"cuda:{i}" for i in range(n)], f"captured tensor on {[r[1] for r in results]}")
+    expect({r[2] for r in results} == {6.0} and {r[0] for r in results} == {float(n)}, f"results {results!r}")
+    uss = 0
+    try:
+        import psutil
+
+        uss = psutil.Process(server.pid).memory_full_info().uss  # type: ignore[union-attr]
+    except ImportError:
+        pass
+    fork_server.shutdown()
+    return {"ranks": n, "seconds": timings, "server_uss_mb": round(uss / 2**20, 1)}
 
 
 @case("nccl-ddp-one-rank")

@@ -160,6 +160,9 @@ class Kernel:
 def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
     """A fresh python3 kernel of this interpreter, shut down (and reaped) afterwards."""
     kernel_env = dict(os.environ)
+    # A kernel forks nbaccel's fork server at `import nbaccel`; in a test that imports nbaccel
+    # it would count as a process the test left behind. Tests of the server ask for "eager".
+    kernel_env.setdefault("NBACCEL_FORK_SERVER", "lazy")
     kernel_env.update(env or {})
     manager = KernelManager(kernel_name="python3")
     manager.start_kernel(

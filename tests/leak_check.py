@@ -1,4 +1,4 @@
-"""What a test must not leave behind: processes, zombies, threads, file descriptors, listening ports.
+"""What a test must not leave behind: processes, zombies, threads, file descriptors, listening ports, /dev/shm files.
 
 `Resources.now()` takes a cheap snapshot of this process (its descendants, its Python threads, its
 open fds and the TCP ports it listens on); `leaks(before, after)` words every difference a test
@@ -67,12 +67,13 @@ class Resources:
     threads: frozenset[threading.Thread]
     fds: dict[int, str]  # fd -> what it points to ("socket:[123]", "/tmp/x", "pipe:[9]")
     listening: dict[str, int]  # inode of a socket of ours in TCP LISTEN state -> its port
+    shm_files: frozenset[str] = frozenset()  # names in /dev/shm (the machine's: a test's new ones are its own)
 
     @staticmethod
     def now() -> Resources:
         fds = _open_fds()
         threads = frozenset(t for t in threading.enumerate() if t.is_alive())
-        return Resources(_descendants(), threads, fds, _listening(fds))
+        return Resources(_descendants(), threads, fds, _listening(fds), _shm_files())
 
     @property
     def ports(self) -> frozenset[int]:
@@ -99,6 +100,7 @@ def leaks(before: Resources, after: Resources, orphans_expected: bool = False) -
         found += [f"zombie {d.describe()}: our child, exited, never waited for" for d in new if d.zombie and d.ppid == me]
     found += [f"thread {t.name!r} ({'daemon' if t.daemon else 'not daemon'}) still running" for t in after.threads - before.threads]
     found += [f"listening on TCP port {port}" for port in sorted(after.ports - before.ports)]
+    found += [f"/dev/shm/{name} left in shared memory" for name in sorted(after.shm_files - before.shm_files)]
     found += [
         f"fd {fd} -> {target} still open"
         for fd, target in sorted(after.fds.items())
@@ -158,6 +160,13 @@ def _open_fds() -> dict[int, str]:
         except OSError:  # the fd listdir itself used, closed by now
             pass
     return fds
+
+
+def _shm_files() -> frozenset[str]:
+    try:
+        return frozenset(os.listdir("/dev/shm"))
+    except OSError:  # no /dev/shm on this system
+        return frozenset()
 
 
 def _listening(fds: dict[int, str]) -> dict[str, int]:

@@ -50,6 +50,7 @@ KNOWN_FORK_DATA_IMPORTERS = frozenset(
         "nbaccel.agent.cluster_group",
         "nbaccel.agent.remote",
         "nbaccel.launch.fork",
+        "nbaccel.launch.fork_server",
         "nbaccel.launch.group",
         "nbaccel.launch.local",
         "nbaccel.launch.one_shot",

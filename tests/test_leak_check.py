@@ -147,3 +147,13 @@ def test_the_autouse_check_fails_a_leaking_test_and_passes_a_clean_one(tmp_path:
     assert "PASSED test_inner.py::test_clean" in report and "PASSED test_inner.py::test_kills_a_parent_on_purpose" in report, report
     assert "ERROR test_inner.py::test_leaks_a_process" in report and "ERROR test_inner.py::test_leaks_a_pipe" in report, report
     assert "test left behind:\n  process pid " in report and "-> pipe:[" in report, report
+
+
+def test_a_file_left_in_dev_shm_is_a_leak(before: Resources) -> None:
+    path = Path("/dev/shm") / f"nbaccel-leak-test-{os.getpid()}"
+    path.write_bytes(b"x")
+    try:
+        assert f"/dev/shm/{path.name} left in shared memory" in leaks(before, Resources.now())
+    finally:
+        path.unlink()
+    assert leaks(before, Resources.now()) == []

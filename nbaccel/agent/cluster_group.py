@@ -284,7 +284,13 @@ class ClusterRankGroup:
             if not slot.done:
                 self.cluster.send(slot.node, protocol.RELEASE, None, self.launch)
 
-    def send(self, rank: int, kind: events.Kind, payload: bytes) -> None:
+    @property
+    def shares_memory(self) -> bool:
+        return False  # the ranks are on other machines: values travel pickled, signed
+
+    def send(self, rank: int, kind: events.Kind, payload: bytes, attached: Any = None) -> None:
+        if attached is not None and attached.fds:
+            raise OSError("shared memory cannot reach ranks on other nodes")
         slot = self.slot_of[rank]
         if slot.done or rank in self._codes or not self.cluster.send(slot.node, protocol.COMMAND, launch=self.launch, raw=protocol.pack_frame(rank, int(kind), payload)):
             raise OSError(f"rank {rank} on {slot.where()} is gone")

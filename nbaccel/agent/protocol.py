@@ -48,7 +48,7 @@ def unpack_mixed(payload: bytes) -> tuple[dict[str, Any], bytes]:
     return json.loads(payload[start : start + length]), payload[start + length :]
 
 
-def pack_frame(rank: int, kind: int, payload: bytes) -> bytes:
+def pack_frame(rank: int, kind: int, payload: bytes | bytearray) -> bytes:
     """A rank's channel frame, forwarded unchanged (the kernel decodes it after verification)."""
     return _FRAME.pack(kind, rank) + payload
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from nbaccel.launch.processes import RankProcess
 from nbaccel.rank.bootstrap import ChildEnds, Job, run_rank
 from nbaccel.rank.cpu_threads import ONE_THREAD_VARIABLE
 
@@ -23,6 +24,12 @@ class ForkStarter:
         # one_thread: the kernel's OpenMP pool started, so a forked rank must never run a
         # multi-threaded region (it would wait for pool threads that exist only in the kernel).
         self.one_thread = one_thread
+
+    def process(self, rank: int, pid: int) -> RankProcess:
+        return RankProcess(rank, pid)
+
+    def release(self) -> None:
+        """Nothing to free: the ranks share the kernel's memory."""
 
     def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
         parent = os.getpid()

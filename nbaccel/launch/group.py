@@ -28,7 +28,7 @@ from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, RankStack, StackFiles
 from nbaccel.rank.bootstrap import Job
-from nbaccel.wire import events
+from nbaccel.wire import events, shm
 from nbaccel.wire.rank_env import rank_environment
 
 if TYPE_CHECKING:
@@ -75,24 +75,26 @@ class LocalRankGroup:
                     group.rendezvous.start_store(plan.num_processes)
             finally:
                 gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
+                starter.release()
         except BaseException:  # an interrupt too, wherever it lands (unfreezing takes a while): no rank is left
             group.close()
             raise
         return group
 
     def _start_rank(self, starter: RankStarter, job: Job, rank: int, env: dict[str, str]) -> None:
-        parent_ends, child_ends = open_rank_pipes(rank, with_commands=True)
+        parent_ends, child_ends = open_rank_pipes(rank, with_commands=True, with_shared=True)
         self.pipes.append(parent_ends)
         # The rank must not hold the kernel's ends of any rank's pipes (EOF would never come),
         # nor the rendezvous socket (the port would outlive the launch).
         inherited = [fd for p in self.pipes for fd in p.all_fds]
+        inherited += [p.shared.sock.fileno() for p in self.pipes if p.shared is not None]
         if self.rendezvous.listen_fd is not None:
             inherited.append(self.rendezvous.listen_fd)
         try:
             pid = starter.start(job, rank, env, child_ends, inherited)
         finally:
             close_child_ends(child_ends)
-        self.processes.append(RankProcess(rank, pid))
+        self.processes.append(starter.process(rank, pid))
 
     # -- feeding the loop ------------------------------------------------------------------------
 
@@ -200,11 +202,20 @@ class LocalRankGroup:
             except OSError:  # the rank had no process group and is already gone
                 pass
 
-    def send(self, rank: int, kind: events.Kind, payload: bytes) -> None:
-        fd = self.pipes[rank].commands
-        if fd is None:
+    def send(self, rank: int, kind: events.Kind, payload: bytes, attached: shm.Attachments | None = None) -> None:
+        pipes = self.pipes[rank]
+        if pipes.commands is None:
             raise OSError(f"rank {rank} has no command stream")
-        events.send_bytes(fd, kind, payload, defer_sigint=False)
+        if attached is not None and attached.fds:
+            if pipes.shared is None:
+                raise OSError(f"rank {rank} has no fd socket for shared memory")
+            pipes.shared.post(attached, close=False)  # every rank gets its own copies of the fds
+        events.send_bytes(pipes.commands, kind, payload, defer_sigint=False)
+
+    @property
+    def shares_memory(self) -> bool:
+        """Big values can travel to these ranks as memfds (they are on this machine)."""
+        return True
 
     def kill(self) -> None:
         """SIGKILL every rank not yet reaped, and reap it."""

@@ -10,7 +10,7 @@ Example:
     >>> LaunchOptions(start_method="thread")
     Traceback (most recent call last):
     ...
-    ValueError: unknown start_method 'thread'; choose one of 'auto', 'fork', 'spawn'.
+    ValueError: unknown start_method 'thread'; choose one of 'auto', 'fork', 'forkserver', 'spawn'.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nbaccel.wire.rank_env import MIXED_PRECISIONS, MixedPrecision
 
 __all__ = ["MIXED_PRECISIONS", "OUTPUT_MODES", "START_METHODS", "LaunchOptions", "MixedPrecision", "OutputMode", "StartMethod", "check_callable", "check_profile", "check_timeout", "profile_folder"]
 
-StartMethod = Literal["auto", "fork", "spawn"]
+StartMethod = Literal["auto", "fork", "forkserver", "spawn"]
 OutputMode = Literal["auto", "text", "widgets"]
 
 START_METHODS: tuple[str, ...] = get_args(StartMethod)
@@ -40,7 +40,8 @@ class LaunchOptions:
     Attributes:
         num_processes: ranks to start; None: one per visible GPU, or 2 CPU ranks on gloo.
         mixed_precision: exported for Accelerate and nbaccel's state.
-        start_method: "auto" forks unless forking is unsafe (CUDA initialised), then spawns.
+        start_method: "auto" forks unless forking is unsafe (CUDA initialised), then starts the
+            ranks from nbaccel's fork server, then (no server to be had) spawns.
         timeout: seconds after which every rank is stopped (one-shot launches and pool tasks).
         max_restarts: relaunches after a failure (one-shot launches).
         gpus: CUDA device indices, one rank each.

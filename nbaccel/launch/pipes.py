@@ -19,12 +19,13 @@ from __future__ import annotations
 import collections
 import fcntl
 import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
 from nbaccel.launch.lines import LineSplitter
 from nbaccel.rank.bootstrap import ChildEnds
-from nbaccel.wire import events
+from nbaccel.wire import events, shm
 
 LinesTo = Callable[[int, str, list[str]], None]  # (rank, stream, lines): where whole lines go
 
@@ -36,15 +37,16 @@ _F_SETPIPE_SZ = 1031  # Linux: a bigger pipe means fewer wake-ups for chatty ran
 class RankPipes:
     """The kernel's read ends of one rank's stdout, stderr and channel pipes."""
 
-    def __init__(self, rank: int, stdout: int, stderr: int, channel_fd: int, commands: int | None = None) -> None:
+    def __init__(self, rank: int, stdout: int, stderr: int, channel_fd: int, commands: int | None = None, shared: shm.Mailbox | None = None) -> None:
         self.rank = rank
         self.stdout = stdout
         self.stderr = stderr
         self.channel = channel_fd
         self.commands = commands  # the write end of the rank's command pipe (persistent workers)
+        self.shared = shared  # the kernel's end of the rank's fd socket: memfds of big values
         self.last_lines: collections.deque[str] = collections.deque(maxlen=_LAST_LINES)
         self._splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
-        self._decoder = events.FrameDecoder()
+        self._decoder = events.FrameDecoder(shared)
 
     @property
     def fds(self) -> list[int]:
@@ -69,13 +71,8 @@ class RankPipes:
         return True
 
     def read_channel(self) -> tuple[list[events.Event], bool]:
-        """Events complete so far, and False at end of file."""
-        data = _read(self.channel)
-        if data is None:
-            return [], True
-        if not data:
-            return [], False
-        return self._decoder.feed(data), True
+        """Events complete so far, and False at end of file (a big payload is read in place)."""
+        return self._decoder.read_from(self.channel, _READ_SIZE)
 
     def drain(self, emit: LinesTo) -> list[events.Event]:
         """Read everything left (the rank has exited); flush unterminated lines. The events left."""
@@ -101,12 +98,16 @@ class RankPipes:
                 os.close(fd)
             except OSError:
                 pass
+        if self.shared is not None:
+            self.shared.close()  # memfds posted but never unpickled go with it
 
 
-def open_rank_pipes(rank: int, with_commands: bool = False) -> tuple[RankPipes, ChildEnds]:
+def open_rank_pipes(rank: int, with_commands: bool = False, with_shared: bool = False) -> tuple[RankPipes, ChildEnds]:
     """One rank's pipes: stdout, stderr, channel (rank to kernel) and, for persistent workers,
-    commands (kernel to rank). Returns the kernel's ends (reads non-blocking) and the rank's."""
+    commands (kernel to rank); ``with_shared``, the fd socket beside them (nbaccel.wire.shm).
+    Returns the kernel's ends (reads non-blocking) and the rank's."""
     ends: list[tuple[int, int]] = []
+    shared: tuple[socket.socket, socket.socket] | None = None
     try:
         for size in (1 << 18, 1 << 16, 1 << 20):  # stdout, stderr, channel
             read_fd, write_fd = os.pipe()
@@ -115,6 +116,8 @@ def open_rank_pipes(rank: int, with_commands: bool = False) -> tuple[RankPipes, 
             _grow_pipe(write_fd, size)
         if with_commands:
             ends.append(os.pipe())
+        if with_shared:
+            shared = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     except BaseException:
         for pair in ends:
             for fd in pair:
@@ -122,11 +125,13 @@ def open_rank_pipes(rank: int, with_commands: bool = False) -> tuple[RankPipes, 
         raise
     (out_r, out_w), (err_r, err_w), (chan_r, chan_w) = ends[:3]
     cmd_r, cmd_w = ends[3] if with_commands else (None, None)
-    return RankPipes(rank, out_r, err_r, chan_r, cmd_w), ChildEnds(out_w, err_w, chan_w, cmd_r)
+    mailbox = shm.Mailbox(shared[0]) if shared is not None else None
+    child_shared = shared[1].detach() if shared is not None else None
+    return RankPipes(rank, out_r, err_r, chan_r, cmd_w, mailbox), ChildEnds(out_w, err_w, chan_w, cmd_r, child_shared)
 
 
 def close_child_ends(ends: ChildEnds) -> None:
-    for fd in (ends.stdout, ends.stderr, ends.channel, ends.commands):
+    for fd in (ends.stdout, ends.stderr, ends.channel, ends.commands, ends.shared):
         if fd is None:
             continue
         try:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from nbaccel.devices import nvml
 from nbaccel.devices.nccl_guard import RTX40_GOOD_DRIVER, rtx40_nccl_variables
+from nbaccel.errors import PreflightError
+from nbaccel.launch import fork_server
 from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import LaunchOptions
@@ -73,33 +75,45 @@ def _ranks_and_gpus(options: LaunchOptions) -> tuple[int, tuple[int, ...] | None
 
 
 def choose_starter(start_method: str, local_ranks: int | None = None) -> RankStarter:
-    """Fork when that is safe; else spawn (saying why, in one line), or refuse if fork was asked for.
+    """Fork when that is safe; else the fork server, else spawn (saying why, in one line); refuse
+    if fork was asked for and no fork survives.
 
-    A kernel whose OpenMP pool started is forked with one CPU thread per rank (saying so where
-    ranks would have had more; ``local_ranks`` is how many run here): a rank's multi-threaded
-    op would otherwise hang. The fork server, where it exists, is the better start for both.
+    A kernel whose OpenMP pool started cannot give a forked rank a working multi-threaded op: the
+    fork server (forked before that compute, or exec'd fresh) is immune; without one, the ranks
+    are forked with one CPU thread each (said where they would have had more; ``local_ranks`` is
+    how many run here). A kernel with CUDA initialised or a process group never forks.
     """
     if start_method == "spawn":
         return SpawnStarter()
+    if start_method == "forkserver":
+        return _server_starter(required=True)  # type: ignore[return-value]  # asked for: no fallback
     hazards = fork_hazards()
     fatal = never_fork(hazards)
     if fatal:
         if start_method == "fork":
             raise fork_error(fatal)
         return instead_of_fork(fatal[0])
-    if hazards:  # only the OpenMP pool: fork, one thread per rank (the fork server's place too)
+    if hazards:  # only the OpenMP pool
+        # Only a server already running: exec'ing one imports torch (seconds); one thread is cheaper.
+        running = fork_server.running_server()
+        starter = _server_starter(required=False) if start_method == "auto" and running is not None and running.alive() else None
+        if starter is not None:
+            say(f"{hazards[0]}; starting the ranks from nbaccel's fork server ({_how(starter)}).")
+            return starter
         if threads_per_rank(local_ranks or 1) > 1:
             say(f"{hazards[0]}; so each rank runs with one CPU thread (start_method='spawn' gives them all their cores).")
         return ForkStarter(one_thread=True)
+    fork_server.refresh()  # while the kernel is safe: a later unsafe launch finds torch in the server
     return ForkStarter()
 
 
 def instead_of_fork(reason: str) -> RankStarter:
-    """The start for a kernel no fork survives (CUDA initialised, a process group): spawn, said why.
-
-    The seam for the fork server: a server started before any compute is immune to both the
-    CUDA and the OpenMP hazards, and starts ranks nearly as fast as a fork.
-    """
+    """The start for a kernel no fork survives (CUDA initialised, a process group): the fork
+    server (immune: it never touched CUDA), else spawn; said why, in one line."""
+    starter = _server_starter(required=False)
+    if starter is not None:
+        say(f"{reason}; starting the ranks from nbaccel's fork server ({_how(starter)}).")
+        return starter
     say(f"{reason}; starting the ranks with spawn instead of fork (slower).")
     return SpawnStarter()
 
@@ -116,3 +130,22 @@ def nccl_guard(gpus: Sequence[int]) -> None:
     if chosen:
         os.environ.update(chosen)
         say(f"RTX 40-series GPUs with driver {nvml.driver_version()} (older than {RTX40_GOOD_DRIVER}): setting {', '.join(f'{k}={v}' for k, v in chosen.items())} as Accelerate does.")
+
+
+def _server_starter(required: bool) -> RankStarter | None:
+    if not fork_server.supported() or (not required and fork_server.mode() == "off"):
+        if required:
+            raise PreflightError("start_method='forkserver' needs Linux 5.3 or newer (pidfds); this system has none. Use start_method='spawn'.")
+        return None
+    try:
+        return fork_server.ServerStarter(fork_server.fork_server())
+    except OSError as exc:  # could not start one: spawn still works
+        if required:
+            raise PreflightError(f"could not start nbaccel's fork server: {exc}. Use start_method='spawn'.") from exc
+        return None
+
+
+def _how(starter: RankStarter) -> str:
+    server = getattr(starter, "server", None)
+    how = getattr(server, "how", "")
+    return "forked from this kernel before it became unsafe" if how == "forked" else "a fresh interpreter; its first launch imports torch"

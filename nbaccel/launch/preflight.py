@@ -14,6 +14,8 @@ from nbaccel.devices import driver, nvml
 from nbaccel.errors import PreflightError
 from nbaccel.launch.openmp import openmp_pool_started
 
+# Reasons set by nbaccel.testing.mark_not_fork_safe: a kernel made unsafe without a GPU.
+marked_unsafe: list[str] = []
 
 class Hazard(str):
     """Why a fork now would break a rank: the reason itself (a ``str``), with its ``kind``.
@@ -44,7 +46,7 @@ def fork_hazards() -> list[Hazard]:
     to find out: torch is inspected only if imported, the CUDA driver is asked without ``cuInit``
     (``nbaccel.devices.driver``), and libgomp's threads are read off ``/proc`` (``launch.openmp``).
     """
-    hazards = _cuda_hazards()
+    hazards = [Hazard("cuda", reason) for reason in marked_unsafe] + _cuda_hazards()  # marked: as if CUDA were initialised
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is not None and dist.is_available() and dist.is_initialized():

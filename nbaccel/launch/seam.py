@@ -4,7 +4,7 @@ it (``RankGroup``), and where the loop sends what the ranks say (``Sink``, imple
 
 Every launch mode goes through them: a one-shot launch asks a ``Launcher`` for a group that runs
 one job and ends; persistent workers ask for a group that stays and takes commands. The one-node
-``LocalLauncher`` starts ranks on this machine (fork or spawn, the ``RankStarter``); a launcher for
+``LocalLauncher`` starts ranks on this machine (fork, the fork server or spawn: the ``RankStarter``); a launcher for
 several nodes implements the same two methods, with a ``RankGroup`` whose ranks live on node agents
 and whose events arrive over the network instead of pipes. Nothing above this module knows which.
 
@@ -31,7 +31,9 @@ from nbaccel.wire.events import Kind
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop
     from nbaccel.launch.outcome import RankOutcome
+    from nbaccel.launch.processes import RankProcess
     from nbaccel.launch.stacks import RankStack
+    from nbaccel.wire.shm import Attachments
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,14 @@ class RankGroup(Protocol):
     def release(self) -> None:
         """Every rank returned: let those waiting to leave their process group go (exit barrier)."""
 
-    def send(self, rank: int, kind: Kind, payload: bytes) -> None:
-        """A command to a persistent rank (TASK, STOP). Raises OSError when the rank is gone."""
+    @property
+    def shares_memory(self) -> bool:
+        """Whether big values may travel to the ranks as memfds (``send(..., attached=...)``):
+        True for ranks on this machine, False for ranks on nodes (pickled in-band)."""
+
+    def send(self, rank: int, kind: Kind, payload: bytes, attached: Attachments | None = None) -> None:
+        """A command to a persistent rank (TASK, STOP), with the memfds its payload names (only
+        where ``shares_memory``). Raises OSError when the rank is gone."""
 
     def close(self) -> None:
         """Kill and reap whatever still runs; free ports, pipes and handles. Idempotent."""
@@ -160,3 +168,10 @@ class RankStarter(Protocol):
 
     def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
         """Create the process for ``rank`` and return its pid (the caller owns it from then on)."""
+
+    def process(self, rank: int, pid: int) -> RankProcess:
+        """The handle the group waits on, signals and reaps ``pid`` through (the fork server's
+        ranks are not the kernel's children: their exits are relayed)."""
+
+    def release(self) -> None:
+        """Every rank of the launch has started: free what starting them needed (the pickled job)."""

@@ -2,17 +2,47 @@
 
 The job travels as cloudpickle bytes over the child's stdin, so functions defined in a notebook
 work (plain ``spawn`` cannot import them from ``__main__``). The function keeps its file name and
-source (nbaccel.wire.portable), so errors still show the notebook's lines.
+source (nbaccel.wire.portable), so errors still show the notebook's lines. It is pickled once per
+launch (``PickledJobs``), not once per rank, and loaded after the rank pinned its device.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 
+from nbaccel.launch.notices import say
+from nbaccel.launch.processes import RankProcess
 from nbaccel.rank.bootstrap import ChildEnds, Job
-from nbaccel.rank.spawn_entry import CHANNEL_FD, COMMANDS_FD
-from nbaccel.wire.portable import Sourced
+from nbaccel.rank.spawn_entry import ATTACHED_FD, CHANNEL_FD, COMMANDS_FD, SHARED_FD
+from nbaccel.wire.job_pickle import dump_job
+from nbaccel.wire.shm import Attachments
+
+
+class PickledJobs:
+    """The bytes of the last job pickled: every rank of a launch gets the same ones."""
+
+    def __init__(self) -> None:
+        self._job: Job | None = None
+        self._payload = b""
+        self.attached = Attachments()  # memfds of the job's big tensors and arrays, for every rank
+
+    def payload(self, job: Job) -> bytes:
+        if job is not self._job:
+            gpu_tensors: list[str] = []
+            self.attached.close()
+            self.attached = Attachments()
+            self._payload = dump_job(job, gpu_tensors, self.attached)
+            self._job = job
+            if gpu_tensors:  # one line per launch
+                say(f"the function holds {len(gpu_tensors)} CUDA tensor(s) ({'; '.join(gpu_tensors[:3])}{'; ...' if len(gpu_tensors) > 3 else ''}); each rank gets a copy on its own GPU")
+        return self._payload
+
+    def release(self) -> None:
+        """The launch has started: forget the bytes (a restart pickles again, the job may differ)."""
+        self._job, self._payload = None, b""
+        self.attached.close()  # every rank has its own fds
 
 
 class SpawnStarter:
@@ -25,12 +55,21 @@ class SpawnStarter:
 
     start_method = "spawn"
 
-    def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
-        import cloudpickle
+    def __init__(self) -> None:
+        self.jobs = PickledJobs()
 
-        payload = cloudpickle.dumps(
-            {"job": Job(Sourced.wrap(job.function), job.args, job.pass_ends), "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None}
-        )
+    def process(self, rank: int, pid: int) -> RankProcess:
+        return RankProcess(rank, pid)
+
+    def release(self) -> None:
+        self.jobs.release()
+
+    def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
+        job_bytes = self.jobs.payload(job)
+        attached = self.jobs.attached
+        first = ATTACHED_FD
+        spec = {"attached": (attached.tag, list(range(first, first + len(attached.fds)))), "job": job_bytes, "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None, "shared": ends.shared is not None}
+        payload = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
         actions = [
             (os.POSIX_SPAWN_DUP2, ends.stdout, 1),
             (os.POSIX_SPAWN_DUP2, ends.stderr, 2),
@@ -38,6 +77,9 @@ class SpawnStarter:
         ]
         if ends.commands is not None:
             actions.append((os.POSIX_SPAWN_DUP2, ends.commands, COMMANDS_FD))
+        if ends.shared is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, ends.shared, SHARED_FD))
+        actions += [(os.POSIX_SPAWN_DUP2, fd, first + i) for i, fd in enumerate(attached.fds)]
         payload_r, payload_w = os.pipe()
         try:
             pid = os.posix_spawn(

@@ -120,7 +120,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
     Option(("--mixed-precision",), {"choices": MIXED_PRECISIONS, "help": "exported to nbaccel's state and Accelerate (default: no)"}, one_shot=True),
     Option(
         ("--start-method",),
-        {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe"},
+        {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), forkserver (forked from nbaccel's fork server: fast, empty namespaces), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe, else forkserver"},
         one_shot=True,
     ),
     Option(

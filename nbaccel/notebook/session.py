@@ -130,8 +130,9 @@ class NotebookWorkers:
         state = "fresh namespaces" if fresh else "%%distributed cells run on them"
         say(f"{self.pool.num_processes} workers ready on {where} in {took:.2f} s; {state} until %distributed stop")
         if not fresh and self.pool.start_method != "fork":
-            # auto falls back to spawn when CUDA is initialised here: the notebook's names are not there
-            say("spawned workers start with empty namespaces: %distributed push what the cells need")
+            # auto falls back to the fork server (or spawn) when CUDA is initialised here: the
+            # workers were not forked from the kernel, so the notebook's names are not there
+            say(f"workers started by {self.pool.start_method} begin with empty namespaces: %distributed push what the cells need")
 
     def one_shot_note(self, num_processes: int) -> str | None:
         """The notice that says a cell is a one-shot launch: only when the mode changes.

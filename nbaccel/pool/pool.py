@@ -39,9 +39,10 @@ from nbaccel.pool.tasks import Assign, CallFunction, Fetch, FreeMemory, RankStat
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.bootstrap import Job
 from nbaccel.rank.debugger import DebugLastFailure
-from nbaccel.wire import rich
+from nbaccel.wire import rich, shm
 from nbaccel.wire.events import Kind
 from nbaccel.wire.portable import Sourced
+from nbaccel.wire.shm import Attachments
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
@@ -98,7 +99,7 @@ class WorkerPool:
 
         What the ranks print while starting goes to ``output`` (a sink, or a name for ``make_sink``).
         """
-        seed = self._seed if self.launcher.start_method == "fork" else None  # spawn: fresh namespaces
+        seed = self._seed if self.launcher.start_method == "fork" else None  # fork server, spawn: fresh namespaces
         _import_rank_modules()
         job = Job(serve, args=(seed,), pass_ends=True)
         group = self.launcher.start_group(job, self.plan, attempt=0, persistent=True)
@@ -122,7 +123,7 @@ class WorkerPool:
 
     @property
     def start_method(self) -> str:
-        """"fork" or "spawn": how the workers were started (spawned workers start with empty namespaces)."""
+        """"fork", "forkserver" or "spawn": how the workers were started (all but fork start with empty namespaces)."""
         return self.launcher.start_method
 
     def stop(self, graceful: bool = True) -> None:
@@ -174,7 +175,7 @@ class WorkerPool:
         """Bind ``values`` in every rank's namespace (cloudpickle carries them)."""
         for name, value in values.items():  # one at a time, so a failure names the culprit
             try:
-                _pickle_by_value(value)
+                _check_picklable(value)
             except Exception as exc:  # noqa: BLE001 - any pickling failure
                 raise TypeError(f"cannot push {name!r}: a {type(value).__qualname__} cannot be pickled ({exc}); push plain data, tensors or modules instead.") from None
         self.run_task(Assign(values), output="text", label="push " + " ".join(values), remember=False)
@@ -220,8 +221,18 @@ class WorkerPool:
         group = self._require_group()
         chosen = self._check_ranks(ranks)
         check_timeout(timeout)
-        payload = _pickle_by_value(task)
-        self._check_alive(group)
+        attached = Attachments() if group.shares_memory else None
+        try:
+            payload = _pickle_by_value(task, attached)
+            self._check_alive(group)
+            values = self._run_sent(group, chosen, payload, attached, timeout, output, label, remember)
+        finally:
+            if attached is not None:
+                attached.close()  # each rank has its own fds by now
+        return [values[r] for r in chosen] if ranks is None else values
+
+    def _run_sent(self, group: RankGroup, chosen: list[int], payload: bytes, attached: Attachments | None, timeout: float | None, output: str | Sink | None, label: str, remember: bool) -> dict[int, Any]:
+        """The task's payload is made: send it and run the loop until every chosen rank answered."""
         sink = make_sink(output)
         if remember:
             self._last_task = label
@@ -231,11 +242,10 @@ class WorkerPool:
                 sink.event(rank, rich.started_event(group.pid(rank)))
             deadline = None if timeout is None else time.monotonic() + timeout
             loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report, sampler=self._sampler))
-            self._send(group, chosen, payload)
+            self._send(group, chosen, payload, attached)
             loop.run()
         self._raise_for(loop, policy, timeout)
-        values = {o.rank: o.value for o in loop.outcome_list()}
-        return [values[r] for r in chosen] if ranks is None else values
+        return {o.rank: o.value for o in loop.outcome_list()}
 
     def debug(self, rank: int | None = None, output: str | Sink | None = None) -> None:
         """Open the post-mortem of ``rank``'s last failed cell, in its frames (``%distributed debug``).
@@ -277,10 +287,10 @@ class WorkerPool:
             self.stop()
             raise PoolStoppedError(f"worker(s) ended while idle: {ended}; the pool was stopped. Start new workers.")
 
-    def _send(self, group: RankGroup, ranks: list[int], payload: bytes) -> None:
+    def _send(self, group: RankGroup, ranks: list[int], payload: bytes, attached: Attachments | None) -> None:
         try:
             for rank in ranks:
-                group.send(rank, Kind.TASK, payload)
+                group.send(rank, Kind.TASK, payload, attached)
         except BaseException:  # a half-sent task leaves the command stream unusable
             self.stop()
             raise
@@ -368,13 +378,22 @@ def _import_rank_modules() -> None:
     from nbaccel.state import lazy  # noqa: F401  # every worker's predefined `state`
 
 
-def _pickle_by_value(value: Any) -> bytes:
-    """cloudpickle: what the notebook defined after the workers forked exists only in the kernel,
-    so it must travel by value (plain pickle would name ``__main__.f``, unknown on the rank)."""
+def _check_picklable(value: Any) -> None:
     import cloudpickle
 
-    payload: bytes = cloudpickle.dumps(value)
-    return payload
+    shm.check_picklable(value, cloudpickle.Pickler)  # a 1 GiB tensor is not copied to find out
+
+
+def _pickle_by_value(value: Any, attached: Attachments | None = None) -> bytes:
+    """cloudpickle: what the notebook defined after the workers forked exists only in the kernel,
+    so it must travel by value (plain pickle would name ``__main__.f``, unknown on the rank).
+    With ``attached``, big tensors and arrays go into memfds, one for every rank (nbaccel.wire.shm)."""
+    import cloudpickle
+
+    if attached is None:
+        payload: bytes = cloudpickle.dumps(value)
+        return payload
+    return shm.dumps(value, attached, base=cloudpickle.Pickler)
 
 
 def _resident_mb(pid: int) -> float:

@@ -20,7 +20,7 @@ from typing import Any
 from nbaccel.devices import nvml
 from nbaccel.errors import EngineStateError
 from nbaccel.rank.bootstrap import ChildEnds, call_and_report
-from nbaccel.wire import events
+from nbaccel.wire import events, shm
 
 _DEFERRED_NOTE = (
     "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still "
@@ -38,7 +38,7 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
     interrupts = TaskInterrupts()
     signal.signal(signal.SIGINT, interrupts.handle)
     events.send(ends.channel, events.Kind.READY, {"pid": os.getpid(), "device": nvml.physical_name(str(state.device))})
-    decoder = events.FrameDecoder()
+    decoder = events.FrameDecoder(shm.rank_mailbox())  # a pushed tensor's memory comes beside the command
     try:
         while True:
             command = _next_command(ends.commands, decoder)

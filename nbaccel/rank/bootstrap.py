@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
-from nbaccel.wire import events
+from nbaccel.wire import events, shm
 
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
 _EXIT_INTERRUPTED = 130
@@ -61,10 +61,15 @@ class ChildEnds:
     stderr: int
     channel: int
     commands: int | None = None  # read end of the kernel's commands (persistent workers only)
+    shared: int | None = None  # the rank's end of its fd socket (nbaccel.wire.shm); None: values in-band
 
 
-def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
-    """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code."""
+def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
+    """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code.
+
+    A job given as bytes (nbaccel.wire.job_pickle: spawn, the fork server) is loaded once the
+    rank's device is pinned, so captured CUDA tensors land on the rank's own GPU.
+    """
     exit_code = _EXIT_SETUP_FAILED
     modules_at_start = heavy_imports.present()
     try:
@@ -81,7 +86,13 @@ def run_rank(job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fd
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
         process_identity.become_rank()  # no interactive shell left for libraries to see (after the hooks' own)
-        exit_code = execute(job, ends)
+        shm.use_rank_mailbox(ends.shared)
+        if isinstance(job, bytes):
+            from nbaccel.wire.job_pickle import load_job
+
+            exit_code = execute(load_job(job, shm.rank_mailbox()), ends)
+        else:
+            exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
     except BaseException:  # noqa: BLE001 - a rank must never fall back into the kernel's stack
         try:
@@ -192,11 +203,17 @@ def call_and_report(call: Callable[[], Any], channel_fd: int) -> int:
         debugger.remember_failure(exc)
         _send_error(channel_fd, exc)
         return _EXIT_RAISED
+    mailbox = shm.rank_mailbox()
+    attached = shm.Attachments() if mailbox is not None else None
     try:
-        payload = events.dumps(value)
+        payload = events.dumps(value, attached)
     except Exception as exc:  # noqa: BLE001 - any pickling failure
+        if attached is not None:
+            attached.close()
         _send_unpicklable(channel_fd, value, exc)
         return 1
+    if mailbox is not None and attached is not None:
+        mailbox.post(attached)  # before the frame that names them: the kernel finds them there
     events.send_bytes(channel_fd, events.Kind.RESULT, payload)
     return 0
 

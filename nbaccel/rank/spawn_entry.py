@@ -8,6 +8,8 @@ import sys
 
 CHANNEL_FD = 3  # where the spawned rank finds its event pipe (the kernel's spawn puts it there)
 COMMANDS_FD = 4  # and, for persistent workers, its command pipe
+SHARED_FD = 5  # and its fd socket for shared memory (nbaccel.wire.shm)
+ATTACHED_FD = 10  # the memfds of the job's big arguments, from here on
 
 
 def main() -> None:
@@ -18,8 +20,12 @@ def main() -> None:
     spec = pickle.loads(payload)  # bytes from our own parent, over a private pipe
 
     from nbaccel.rank.bootstrap import ChildEnds, run_rank
+    from nbaccel.wire import shm
 
-    ends = ChildEnds(1, 2, CHANNEL_FD, COMMANDS_FD if spec["commands"] else None)
+    tag, attached = spec["attached"]
+    shm.expect(tag, attached)
+
+    ends = ChildEnds(1, 2, CHANNEL_FD, COMMANDS_FD if spec["commands"] else None, SHARED_FD if spec.get("shared") else None)
     run_rank(spec["job"], spec["rank"], spec["env"], ends, [], spec["parent_pid"])
 
 

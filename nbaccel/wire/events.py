@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import io
 import os
 import pickle
 import signal
@@ -39,10 +38,13 @@ import struct
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import FrameError
+
+if TYPE_CHECKING:
+    from nbaccel.wire.shm import Attachments, Mailbox
 
 VERSION = 1
 _HEADER = struct.Struct("!BBQ")
@@ -72,30 +74,39 @@ class Event:
     """One decoded frame: its kind, and its payload still pickled (decode with ``value()``)."""
 
     kind: Kind
-    payload: bytes
+    payload: bytes | bytearray  # a big payload is the buffer it was read into (no copy)
+    mailbox: Mailbox | None = field(default=None, compare=False, repr=False)  # where its memfds come from
 
     def value(self) -> Any:
-        return loads(self.payload)
+        return loads(self.payload, self.mailbox)
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: Any, attached: Attachments | None = None) -> bytes:
     """Pickle ``value``, falling back to cloudpickle for lambdas and notebook-defined classes.
 
     Tensors on a GPU are moved to the CPU on the way: unpickling a CUDA tensor in the kernel
-    would initialise CUDA there, and no later launch could fork.
+    would initialise CUDA there, and no later launch could fork. With ``attached``, tensors and
+    arrays of 1 MiB or more go into memfds instead of the pickle (nbaccel.wire.shm).
     """
     on_gpu = _cuda_in_use()
-    try:
-        if not on_gpu:
+    if attached is None and not on_gpu:
+        try:
             return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        return _dump_with(_cpu_pickler(pickle.Pickler), value)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        import cloudpickle  # only when plain pickle cannot: it is slower and imports more
+        except (pickle.PicklingError, AttributeError, TypeError):
+            import cloudpickle  # only when plain pickle cannot: it is slower and imports more
 
-        if not on_gpu:
             payload: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
             return payload
-        return _dump_with(_cpu_pickler(cloudpickle.Pickler), value)
+    from nbaccel.wire import shm
+
+    try:
+        return shm.dumps(value, attached, to_cpu=on_gpu)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle
+
+        if attached is not None:
+            attached.close()  # memfds of the failed attempt: the second one makes its own
+        return shm.dumps(value, attached, to_cpu=on_gpu, base=cloudpickle.Pickler)
 
 
 def _cuda_in_use() -> bool:
@@ -103,27 +114,12 @@ def _cuda_in_use() -> bool:
     return torch is not None and torch.cuda.is_initialized()
 
 
-def _dump_with(pickler_class: type, value: Any) -> bytes:
-    buffer = io.BytesIO()
-    pickler_class(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buffer.getvalue()
+def loads(payload: bytes | bytearray, mailbox: Mailbox | None = None) -> Any:
+    if mailbox is None:
+        return pickle.loads(payload)
+    from nbaccel.wire import shm
 
-
-def _cpu_pickler(base: type) -> type:
-    import torch
-
-    class CpuPickler(base):  # type: ignore[misc]
-        def reducer_override(self, obj: Any) -> Any:
-            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # type: ignore[no-untyped-call]
-            parent = getattr(super(), "reducer_override", None)
-            return parent(obj) if parent is not None else NotImplemented
-
-    return CpuPickler
-
-
-def loads(payload: bytes) -> Any:
-    return pickle.loads(payload)
+    return shm.loads(payload, mailbox)
 
 
 def send(fd: int, kind: Kind, value: Any) -> None:
@@ -131,7 +127,7 @@ def send(fd: int, kind: Kind, value: Any) -> None:
     send_bytes(fd, kind, dumps(value))
 
 
-def send_bytes(fd: int, kind: Kind, payload: bytes, defer_sigint: bool = True) -> None:
+def send_bytes(fd: int, kind: Kind, payload: bytes | bytearray, defer_sigint: bool = True) -> None:
     """Write one frame. ``defer_sigint=False`` lets an interrupt stop a write that blocks (the
     kernel's side, which then treats the stream as broken)."""
     with _SEND_LOCK, (_sigint_deferred() if defer_sigint else contextlib.nullcontext()):
@@ -157,7 +153,7 @@ def encode_header(kind: Kind, length: int) -> bytes:
     return _HEADER.pack(VERSION, kind, length)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | bytearray) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -165,30 +161,82 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class FrameDecoder:
-    """Reassembles frames from the chunks a non-blocking reader gets."""
+    """Reassembles frames from a stream, copying each payload once at most.
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
+    A frame's payload gets one buffer of its final size as soon as its header is read; the bytes
+    of a chunk are copied into it (``feed``), or a file descriptor's are read straight into it
+    (``read_from``: no copy at all), and that buffer is the event's payload. A 1 GiB result costs
+    1 GiB in the kernel while it arrives, not several (a growing buffer, a slice, bytes of it).
+    """
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def __init__(self, mailbox: Mailbox | None = None) -> None:
+        self.mailbox = mailbox  # given to every event decoded: the memfds a payload names come from there
+        self._header = bytearray()
+        self._kind = 0
+        self._body: bytearray | None = None  # the payload being filled, once its header was read
+        self._filled = 0
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[Event]:
         """Every event completed by ``chunk``; raises FrameError on a frame it cannot read."""
-        self._buffer += chunk
-        decoded = []
-        while len(self._buffer) >= _HEADER.size:
-            version, kind, length = _HEADER.unpack_from(self._buffer)
-            if version != VERSION:
-                raise FrameError(f"event frame of format version {version}, but this nbaccel reads version {VERSION}; run the same nbaccel on both ends.")
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            decoded.append(Event(decode_kind(kind), bytes(self._buffer[_HEADER.size : end])))
-            del self._buffer[:end]
+        view = memoryview(chunk).cast("B")
+        decoded: list[Event] = []
+        while view:
+            if self._body is None:
+                view = self._take_header(view, decoded)
+            else:
+                take = min(len(view), len(self._body) - self._filled)
+                self._body[self._filled : self._filled + take] = view[:take]
+                self._filled += take
+                view = view[take:]
+                self._finish_body(decoded)
         return decoded
+
+    def read_from(self, fd: int, size: int = 1 << 20) -> tuple[list[Event], bool]:
+        """Read what ``fd`` (non-blocking) holds now: the events completed, and False at end of file.
+
+        A big payload's bytes are read into its own buffer directly."""
+        try:
+            if self._body is not None and len(self._body) - self._filled >= size:
+                count = os.readv(fd, [memoryview(self._body)[self._filled :]])
+                if not count:
+                    return [], False
+                self._filled += count
+                decoded: list[Event] = []
+                self._finish_body(decoded)
+                return decoded, True
+            chunk = os.read(fd, size)
+        except BlockingIOError:
+            return [], True
+        if not chunk:
+            return [], False
+        return self.feed(chunk), True
+
+    def _take_header(self, view: memoryview, decoded: list[Event]) -> memoryview:
+        take = min(len(view), _HEADER.size - len(self._header))
+        self._header += view[:take]
+        view = view[take:]
+        if len(self._header) < _HEADER.size:
+            return view
+        version, kind, length = _HEADER.unpack_from(self._header)
+        if version != VERSION:
+            raise FrameError(f"event frame of format version {version}, but this nbaccel reads version {VERSION}; run the same nbaccel on both ends.")
+        self._header.clear()
+        self._kind = kind
+        if length <= len(view):  # the whole (small) frame is here: one slice, no buffer to grow
+            decoded.append(Event(decode_kind(kind), bytes(view[:length]), self.mailbox))
+            return view[length:]
+        self._body, self._filled = bytearray(length), 0
+        return view
+
+    def _finish_body(self, decoded: list[Event]) -> None:
+        if self._body is not None and self._filled == len(self._body):
+            decoded.append(Event(decode_kind(self._kind), self._body, self.mailbox))
+            self._body = None
 
     @property
     def pending(self) -> int:
-        """Bytes of an incomplete frame still waiting for the rest."""
-        return len(self._buffer)
+        """Bytes of an incomplete frame received so far (header included)."""
+        return len(self._header) + (_HEADER.size + self._filled if self._body is not None else 0)
 
 
 def read_frame(fd: int) -> Event | None:

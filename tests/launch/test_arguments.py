@@ -34,7 +34,7 @@ def forbid_forking(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"num_processes": 1.5}, ValueError, "got 1.5"),
         ({"num_processes": True}, ValueError, "got True"),
         ({"mixed_precision": "fp32"}, ValueError, r"unknown mixed_precision 'fp32'; choose one of 'no', 'fp16', 'bf16', 'fp8'"),
-        ({"start_method": "forkserver"}, ValueError, r"unknown start_method 'forkserver'"),
+        ({"start_method": "forkserver2"}, ValueError, r"unknown start_method 'forkserver2'"),
         ({"timeout": 0}, ValueError, "timeout must be a positive number"),
         ({"timeout": -1.0}, ValueError, "timeout must be a positive number"),
         ({"max_restarts": -1}, ValueError, "max_restarts must be a whole number >= 0"),

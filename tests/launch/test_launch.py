@@ -307,8 +307,9 @@ def test_spawn_failures_are_reported_like_fork_failures() -> None:
         nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_waits_in_a_collective, num_processes=2, start_method="spawn")
 
 
-def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe_and_the_server_is_off(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(plan_module, "fork_hazards", lambda: ["CUDA is already initialised in this kernel"])
+    monkeypatch.setenv("NBACCEL_FORK_SERVER", "off")  # with it, tests/launch/test_fork_server.py
     results = nbaccel.notebook_launcher(all_reduce_rank, num_processes=2)
     assert results == [(0, 2, 3.0), (1, 2, 3.0)]
     err = capfd.readouterr().out

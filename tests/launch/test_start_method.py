@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from nbaccel.errors import PreflightError
+from nbaccel.launch import fork_server
 from nbaccel.launch import plan as plan_module
 from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.preflight import Hazard, fork_hazards, never_fork
@@ -19,7 +20,8 @@ GROUP = Hazard("process_group", "a torch.distributed process group is already in
 OPENMP = Hazard("openmp", "this kernel ran a multi-threaded CPU op")
 
 
-def decide(monkeypatch: pytest.MonkeyPatch, hazards: list, start_method: str, cores: int = 8) -> object:
+def decide(monkeypatch: pytest.MonkeyPatch, hazards: list, start_method: str, cores: int = 8, server: str = "off") -> object:
+    monkeypatch.setenv("NBACCEL_FORK_SERVER", server)  # "off": the routing without a fork server (spawn, one thread)
     monkeypatch.setattr(plan_module, "fork_hazards", lambda: hazards)
     monkeypatch.setattr(plan_module, "threads_per_rank", lambda ranks: max(1, cores // ranks))
     return plan_module.choose_starter(start_method, local_ranks=2)
@@ -63,3 +65,24 @@ def test_cuda_outranks_the_openmp_pool(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_hazards_are_still_reason_strings() -> None:
     assert isinstance(CUDA, str) and CUDA == "CUDA is already initialised in this kernel" and CUDA.kind == "cuda"
     assert all(isinstance(h, str) for h in fork_hazards())
+
+
+@pytest.fixture
+def running_server() -> object:
+    fork_server.start_early()
+    server = fork_server.running_server() or fork_server.fork_server()
+    yield server
+    fork_server.shutdown()
+
+
+@pytest.mark.parametrize("hazard", [CUDA, GROUP], ids=["cuda", "process_group"])
+def test_what_no_fork_survives_starts_from_the_fork_server_when_there_is_one(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], running_server, hazard: str) -> None:
+    assert isinstance(decide(monkeypatch, [hazard], "auto", server="eager"), fork_server.ServerStarter)
+    assert f"nbaccel: {hazard}; starting the ranks from nbaccel's fork server (" in capsys.readouterr().out
+
+
+def test_the_openmp_pool_starts_from_a_running_fork_server_else_one_thread(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], running_server) -> None:
+    assert isinstance(decide(monkeypatch, [OPENMP], "auto", server="eager"), fork_server.ServerStarter)
+    assert "starting the ranks from nbaccel's fork server" in capsys.readouterr().out
+    starter = decide(monkeypatch, [OPENMP], "fork", server="eager")  # fork asked for: one thread
+    assert isinstance(starter, ForkStarter) and starter.one_thread

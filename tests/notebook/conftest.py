@@ -27,12 +27,20 @@ def ip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InteractiveShell]:
     config.HistoryManager.hist_file = ":memory:"
     config.InteractiveShell.colors = "nocolor"
     shell = InteractiveShell.instance(config=config)
+    # %load_ext forks nbaccel's fork server (and forks it again after cells): in this test process
+    # each would be a process some test left behind. The server's own tests start it themselves.
+    saved_server = os.environ.get("NBACCEL_FORK_SERVER")
+    os.environ["NBACCEL_FORK_SERVER"] = "lazy"
     shell.run_line_magic("load_ext", "nbaccel")
     try:
         yield shell
     finally:
         shell.run_line_magic("unload_ext", "nbaccel")
         InteractiveShell.clear_instance()
+        if saved_server is None:
+            os.environ.pop("NBACCEL_FORK_SERVER", None)
+        else:
+            os.environ["NBACCEL_FORK_SERVER"] = saved_server
         if saved is None:
             os.environ.pop("IPYTHONDIR", None)
         else:

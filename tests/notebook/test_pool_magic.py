@@ -98,7 +98,7 @@ def test_start_while_workers_run_says_to_stop_or_restart_first(ip: InteractiveSh
 
 def test_spawned_workers_say_their_namespaces_start_empty(ip: InteractiveShell, started: Starts, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_line_magic("distributed", "start --start-method spawn")
-    assert "spawned workers start with empty namespaces: %distributed push what the cells need" in capsys.readouterr().out
+    assert "workers started by spawn begin with empty namespaces: %distributed push what the cells need" in capsys.readouterr().out
 
 
 def test_what_start_refuses_before_forking_is_a_usage_error(ip: InteractiveShell, started: Starts) -> None:

@@ -1,0 +1,68 @@
+"""The event stream's decoder: every split of the stream decodes the same, big payloads are not copied."""
+
+from __future__ import annotations
+
+import os
+import threading
+import tracemalloc
+
+import pytest
+
+from nbaccel.errors import FrameError
+from nbaccel.wire import events
+
+
+def frames(*payloads: bytes) -> bytes:
+    return b"".join(events.encode_header(events.Kind.RICH, len(p)) + p for p in payloads)
+
+
+@pytest.mark.parametrize("step", [1, 3, 10, 11, 4096])
+def test_any_split_of_the_stream_decodes_the_same(step: int) -> None:
+    stream = frames(b"", b"a", b"x" * 5000, b"tail")
+    decoder, got = events.FrameDecoder(), []
+    for at in range(0, len(stream), step):
+        got += decoder.feed(stream[at : at + step])
+    assert [bytes(e.payload) for e in got] == [b"", b"a", b"x" * 5000, b"tail"]
+    assert decoder.pending == 0
+
+
+def test_a_frame_of_another_version_is_refused() -> None:
+    with pytest.raises(FrameError, match="format version 9"):
+        events.FrameDecoder().feed(b"\x09\x01" + b"\0" * 8)
+
+
+def test_a_big_payload_is_read_into_its_one_buffer() -> None:
+    size = 64 << 20
+    payload = os.urandom(1 << 20) * 64
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    writer = threading.Thread(target=lambda: (os.write(w, events.encode_header(events.Kind.RESULT, size)), events._write_all(w, payload)))
+    decoder, got = events.FrameDecoder(), []
+    tracemalloc.start()
+    try:
+        writer.start()
+        while not got:
+            import select
+
+            select.select([r], [], [], 5)
+            more, open_ = decoder.read_from(r)
+            got += more
+            assert open_
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        writer.join()
+        os.close(r)
+        os.close(w)
+    assert isinstance(got[0].payload, bytearray) and got[0].payload == payload
+    assert peak < 1.1 * size  # the payload's buffer and one read's chunk, no copies of the whole
+
+
+def test_end_of_file_is_reported() -> None:
+    r, w = os.pipe()
+    os.write(w, frames(b"last"))
+    os.close(w)
+    decoder = events.FrameDecoder()
+    assert [bytes(e.payload) for e in decoder.read_from(r)[0]] == [b"last"]
+    assert decoder.read_from(r) == ([], False)
+    os.close(r)
