@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -316,7 +317,7 @@ def test_an_interrupted_launch_ends_its_view_and_says_so(kernel: Kernel) -> None
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)
     assert "interrupted after" in plain.splitlines()[0]
-    assert "── rank 0 · interrupted ──" in plain and "── rank 1 · interrupted ──" in plain
+    assert _header(plain, 0, "interrupted") and _header(plain, 1, "interrupted")
     _no_ranks_left(kernel)
 
 
@@ -324,7 +325,7 @@ def test_a_timed_out_launch_ends_its_view_and_says_so(kernel: Kernel) -> None:
     run = kernel.execute(SLEEPY + "nbaccel.notebook_launcher(sleepy, num_processes=2, output='widgets', timeout=1.5)", timeout=60)
     assert run.error is not None and run.error["ename"] == "LaunchTimeoutError"
     plain = _final_plain(run)
-    assert "timed out after" in plain.splitlines()[0] and "── rank 1 · timed out ──" in plain
+    assert "timed out after" in plain.splitlines()[0] and _header(plain, 1, "timed out")
     assert "started" in plain
     _no_ranks_left(kernel)
 
@@ -354,7 +355,12 @@ def test_a_second_interrupt_still_ends_the_view(kernel: Kernel, tmp_path: Path) 
     assert run.error is not None and run.error["ename"] == "KeyboardInterrupt"
     plain = _final_plain(run)  # the static view replaced the widgets
     assert "interrupted after" in plain.splitlines()[0] and "started" in plain
-    assert "── rank 0 · interrupted ──" in plain and "── rank 1 · interrupted ──" in plain  # not left "running"
+    assert _header(plain, 0, "interrupted") and _header(plain, 1, "interrupted")  # not left "running"
     closed = {m["content"]["comm_id"] for m in run.of_type("comm_close")}
     assert {m["content"]["comm_id"] for m in run.of_type("comm_open")} <= closed
     _no_ranks_left(kernel)
+
+
+def _header(plain: str, rank: int, status: str) -> bool:
+    """Whether the static view has rank's header with that status (a sampled peak may follow it)."""
+    return re.search(rf"── rank {rank} · {status}( · peak [^─]+)? ──", plain) is not None
