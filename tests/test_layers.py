@@ -39,28 +39,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("nbaccel.errors", "nbaccel._version"),
 ]
 
-# The data that crosses the fork (a Job and the child's pipe ends) lives in the rank's bootstrap today,
-# so kernel-side modules import the rank's bootstrap for it. Each importer is listed; the lead moves
-# these names to a module both sides import, then empties this set.
+# The data that crosses the fork (a Job and the child's pipe ends) lives in wire/job.py, which both
+# sides import; the kernel side must not reach into the rank's bootstrap for it.
 FORK_DATA = ("nbaccel.rank.bootstrap", frozenset({"Job", "ChildEnds"}))
 RANK_SIDE = ("nbaccel.rank.", "nbaccel.pool.serve", "nbaccel.agent.rank_entry")  # modules that run in the rank
-FORK_DATA_REASON = "Job/ChildEnds live in rank/bootstrap.py; they move to a module both sides of the fork import (issue 20, item 1)"
-KNOWN_FORK_DATA_IMPORTERS = frozenset(
-    {
-        "nbaccel.agent.cluster_group",
-        "nbaccel.agent.remote",
-        "nbaccel.launch.fork",
-        "nbaccel.launch.fork_server",
-        "nbaccel.launch.group",
-        "nbaccel.launch.local",
-        "nbaccel.launch.one_shot",
-        "nbaccel.launch.pipes",
-        "nbaccel.launch.seam",
-        "nbaccel.launch.spawn",
-        "nbaccel.launcher",
-        "nbaccel.pool.pool",
-    }
-)
+FORK_DATA_REASON = "Job/ChildEnds live in nbaccel/wire/job.py: import them from there"
+KNOWN_FORK_DATA_IMPORTERS: frozenset[str] = frozenset()
+
 
 # (importer, imported): an upward import waiting on a file move, with its reason. Empty today.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}

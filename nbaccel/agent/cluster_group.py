@@ -37,8 +37,8 @@ from nbaccel.launch.outcome import Status, with_cell_names
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import Launcher, LaunchPlan
 from nbaccel.launch.stacks import RankStack, summarise, without_launch_frames
-from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events, rich
+from nbaccel.wire.job import Job
 from nbaccel.wire.portable import Sourced
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbaccel.rank.bootstrap import ChildEnds, Job, run_rank
+from nbaccel.rank.bootstrap import run_rank
+from nbaccel.wire.job import ChildEnds, Job
 
 
 def run_remote_rank(job_bytes: bytes, env: dict[str, str], ends: ChildEnds, close_fds: list[int], agent_pid: int) -> None:

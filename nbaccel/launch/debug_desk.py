@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbaccel.launch.outcome import with_cell_names
-from nbaccel.rank.bootstrap import Job
 from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
 from nbaccel.wire.events import Kind
+from nbaccel.wire.job import Job
 
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop

@@ -6,8 +6,9 @@ import os
 import warnings
 
 from nbaccel.launch.processes import RankProcess
-from nbaccel.rank.bootstrap import ChildEnds, Job, run_rank
+from nbaccel.rank.bootstrap import run_rank
 from nbaccel.rank.cpu_threads import ONE_THREAD_VARIABLE
+from nbaccel.wire.job import ChildEnds, Job
 
 
 class ForkStarter:

@@ -40,7 +40,7 @@ from nbaccel.launch.processes import RankProcess
 from nbaccel.rank.server_loop import recv_message, send_message, serve
 
 if TYPE_CHECKING:  # imported when a launch needs them: `import nbaccel` forks the server, cheaply
-    from nbaccel.rank.bootstrap import ChildEnds, Job
+    from nbaccel.wire.job import ChildEnds, Job
 
 MODE_VARIABLE = "NBACCEL_FORK_SERVER"  # "eager" (default), "lazy" (only when needed) or "off"
 WARM_MODULES = ("torch", "torch.distributed", "numpy", "nbaccel.rank.bootstrap")

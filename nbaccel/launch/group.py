@@ -27,8 +27,8 @@ from nbaccel.launch.processes import RankProcess
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, RankStack, StackFiles
-from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events, shm
+from nbaccel.wire.job import Job
 from nbaccel.wire.rank_env import rank_environment
 
 if TYPE_CHECKING:

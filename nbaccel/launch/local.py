@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nbaccel.launch.group import LocalRankGroup
 from nbaccel.launch.seam import Launcher, LaunchPlan, RankStarter
-from nbaccel.rank.bootstrap import Job
+from nbaccel.wire.job import Job
 
 
 class LocalLauncher(Launcher):

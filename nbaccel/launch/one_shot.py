@@ -22,8 +22,8 @@ from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
 from nbaccel.launch.seam import Launcher, LaunchPlan, Sink
-from nbaccel.rank.bootstrap import Job
 from nbaccel.wire import events
+from nbaccel.wire.job import Job
 
 # (delay from the start of a stop, signal): how each kind of stop escalates.
 STOP_PLANS = {

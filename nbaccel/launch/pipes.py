@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nbaccel.launch.lines import LineSplitter
-from nbaccel.rank.bootstrap import ChildEnds
 from nbaccel.wire import events, shm
+from nbaccel.wire.job import ChildEnds
 
 LinesTo = Callable[[int, str, list[str]], None]  # (rank, stream, lines): where whole lines go
 

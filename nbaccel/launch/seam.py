@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from nbaccel.rank.bootstrap import ChildEnds, Job
 from nbaccel.wire.events import Kind
+from nbaccel.wire.job import ChildEnds, Job
 
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop

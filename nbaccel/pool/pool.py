@@ -37,10 +37,10 @@ from nbaccel.pool.serve import serve
 from nbaccel.pool.task import Task, raise_stuck_error
 from nbaccel.pool.tasks import Assign, CallFunction, Fetch, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
-from nbaccel.rank.bootstrap import Job
 from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.wire import rich, shm
 from nbaccel.wire.events import Kind
+from nbaccel.wire.job import Job
 from nbaccel.wire.portable import Sourced
 from nbaccel.wire.shm import Attachments
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from nbaccel.devices import nvml
 from nbaccel.errors import EngineStateError
-from nbaccel.rank.bootstrap import ChildEnds, call_and_report
+from nbaccel.rank.bootstrap import call_and_report
 from nbaccel.wire import events, shm
+from nbaccel.wire.job import ChildEnds
 
 _DEFERRED_NOTE = (
     "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still "

@@ -21,13 +21,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events, shm
+from nbaccel.wire.job import ChildEnds, Job
 
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
 _EXIT_INTERRUPTED = 130
@@ -38,30 +38,6 @@ _HOLD_FOR_STACKS = 2.0
 _PR_SET_PDEATHSIG = 1
 # Resolved in the kernel, once: a lookup in every rank would cost it a dlsym and dirty pages.
 _prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
-
-
-@dataclass
-class Job:
-    """The function every rank runs, with its positional arguments.
-
-    With ``pass_ends`` the function also gets the rank's ChildEnds first (persistent workers
-    read their commands from ``ends.commands``).
-    """
-
-    function: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    pass_ends: bool = False
-
-
-@dataclass(frozen=True)
-class ChildEnds:
-    """The write ends of one rank's pipes, as the rank sees them."""
-
-    stdout: int
-    stderr: int
-    channel: int
-    commands: int | None = None  # read end of the kernel's commands (persistent workers only)
-    shared: int | None = None  # the rank's end of its fd socket (nbaccel.wire.shm); None: values in-band
 
 
 def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:

@@ -137,7 +137,8 @@ class _Server:
         send_message(self.sock, {"op": "started", "pid": pid}, [pidfd])
 
     def _become_rank(self, message: dict[str, Any], fds: list[int]) -> NoReturn:
-        from nbaccel.rank.bootstrap import ChildEnds, run_rank
+        from nbaccel.rank.bootstrap import run_rank
+        from nbaccel.wire.job import ChildEnds
 
         server_pid = os.getppid()
         stdout, stderr, channel, job_fd, *rest = fds

@@ -19,8 +19,9 @@ def main() -> None:
     os.close(devnull)
     spec = pickle.loads(payload)  # bytes from our own parent, over a private pipe
 
-    from nbaccel.rank.bootstrap import ChildEnds, run_rank
+    from nbaccel.rank.bootstrap import run_rank
     from nbaccel.wire import shm
+    from nbaccel.wire.job import ChildEnds
 
     tag, attached = spec["attached"]
     shm.expect(tag, attached)

@@ -8,7 +8,7 @@ it travels as a CPU copy and is rebuilt on the rank's own device (``torch.cuda.c
 once the rank pinned it), so the job must be loaded after pinning (nbaccel.rank.bootstrap does).
 
 Example:
-    >>> from nbaccel.rank.bootstrap import Job
+    >>> from nbaccel.wire.job import Job
     >>> offset = 10
     >>> job = load_job(dump_job(Job(lambda x: x + offset, (1,))))
     >>> job.function(*job.args)
@@ -23,10 +23,8 @@ import sys
 from typing import Any
 
 from nbaccel.wire import shm
+from nbaccel.wire.job import Job
 from nbaccel.wire.portable import Sourced
-
-# A job is nbaccel.rank.bootstrap.Job (function, args, pass_ends); typed loosely here, a layer below.
-Job = Any
 
 
 def dump_job(job: Job, gpu_tensors: list[str] | None = None, attached: shm.Attachments | None = None) -> bytes:
@@ -44,7 +42,8 @@ def dump_job(job: Job, gpu_tensors: list[str] | None = None, attached: shm.Attac
 
 def load_job(payload: bytes, mailbox: shm.Mailbox | None = None) -> Job:
     """The job back, in the rank (after its device is pinned); its memfds from ``mailbox``."""
-    return shm.loads(payload, mailbox)  # bytes from our own kernel, over a private pipe or memfd
+    job: Job = shm.loads(payload, mailbox)  # bytes from our own kernel, over a private pipe or memfd
+    return job
 
 
 def is_gpu_tensor(tensor: Any) -> bool:
