@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.kernel_harness import running_kernel
 
-KERNEL_CODE = r'''
+KERNEL_CODE = r"""
 %load_ext nbaccel
 import gc, json, os, statistics, time
 import psutil, torch, torch.distributed as dist
@@ -96,7 +96,7 @@ for _ in range(max(3, RUNS // 3)):
 pool.stop()
 out["zero_copy"] = zc
 print("BENCH" + json.dumps(out))
-'''
+"""
 
 
 def main() -> None:
@@ -127,7 +127,9 @@ def report(r: dict, load: list[str], gib: float) -> None:
     print(f"load average at start: {' '.join(load)} (2 shared cores)")
     print("2-rank gloo init + all_reduce launch (median ms, ratio to fork)")
     print(f"  forked from a fork-safe kernel : {fork:8.1f} ms  1.00x  (n={len(r['fork'])}, range {min(r['fork']):.0f}-{max(r['fork']):.0f})")
-    print(f"  fork server, kernel not safe   : {server:8.1f} ms  {server / fork:4.2f}x  (n={len(r['server'])}, range {min(r['server']):.0f}-{max(r['server']):.0f})")
+    print(
+        f"  fork server, kernel not safe   : {server:8.1f} ms  {server / fork:4.2f}x  (n={len(r['server'])}, range {min(r['server']):.0f}-{max(r['server']):.0f})"
+    )
     print(f"  spawn                          : {spawn:8.1f} ms  {spawn / fork:4.1f}x  (n={len(r['spawn'])})")
     print(f"  server ({r['server_how']}): USS {r['server_uss_mb']:.1f} MiB, CPU while idle for 2 s: {r['server_idle_cpu_s'] * 1e3:.0f} ms")
     zc = r["zero_copy"]

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.kernel_harness import running_kernel
 
-KERNEL_CODE = r'''
+KERNEL_CODE = r"""
 import json, os, socket, statistics, time
 import psutil, torch, torch.distributed as dist
 import nbaccel
@@ -113,9 +113,11 @@ def uss_raw_fork():
 out["uss_rank_mb"] = statistics.median(nbaccel.notebook_launcher(uss_of_rank, num_processes=min(2, max(RANKS)), output=quiet())) / 2**20
 out["uss_fork_mb"] = statistics.median(uss_raw_fork() for _ in range(3)) / 2**20
 print("BENCH" + json.dumps(out))
-'''
+"""
 
-TEXT_CELL = "t = time.perf_counter(); nbaccel.notebook_launcher(chatty, args=(LINES,), num_processes=CHATTY, output='text'); print('ELAPSED', time.perf_counter() - t)"
+TEXT_CELL = (
+    "t = time.perf_counter(); nbaccel.notebook_launcher(chatty, args=(LINES,), num_processes=CHATTY, output='text'); print('ELAPSED', time.perf_counter() - t)"
+)
 
 
 def rank_counts(text: str) -> tuple[int, ...]:
@@ -136,7 +138,7 @@ def main() -> None:
         if run.status != "ok":
             sys.exit(f"benchmark failed in the kernel:\n{run.error}")
         line = next(out for out in run.stdout.splitlines() if out.startswith("BENCH"))
-        results = json.loads(line[len("BENCH"):])
+        results = json.loads(line[len("BENCH") :])
         text = kernel.execute(TEXT_CELL, timeout=300)
         received = sum(1 for out in text.stdout.splitlines() if out.startswith("[rank ") and " line " in out)
         elapsed = float(next(out for out in text.stdout.splitlines() if out.startswith("ELAPSED")).split()[1])
@@ -144,7 +146,9 @@ def main() -> None:
 
 
 def report(r: dict, text_received: int, text_elapsed: float) -> None:
-    print(f"{'ranks':>5} | {'raw fork':>9} | {'nbaccel trivial':>15} | {'ratio':>5} | {'accelerate':>10} | {'nbaccel/acc':>11} | {'nbaccel gloo+all_reduce':>23} | {'torch.mp fork':>13} | {'ratio':>5}")
+    print(
+        f"{'ranks':>5} | {'raw fork':>9} | {'nbaccel trivial':>15} | {'ratio':>5} | {'accelerate':>10} | {'nbaccel/acc':>11} | {'nbaccel gloo+all_reduce':>23} | {'torch.mp fork':>13} | {'ratio':>5}"
+    )
     for n in r["fork_floor"]:
         floor, triv, ar = r["fork_floor"][n], r["trivial"][n], r["all_reduce"][n]
         acc = r["accelerate"].get(n)
@@ -157,8 +161,12 @@ def report(r: dict, text_received: int, text_elapsed: float) -> None:
         )
     chatty = r["chatty_ranks"]
     print(f"relay throughput, {chatty} ranks x 50,000 lines, kernel-side sink: {r['relay_lines_per_s']:,.0f} lines/s, lost {r['relay_lost']}")
-    print(f"relay throughput, text sink into the notebook (client side count): {chatty * 50_000 / text_elapsed:,.0f} lines/s, received {text_received:,} of {chatty * 50_000:,}")
-    print(f"memory per rank (USS): nbaccel rank {r['uss_rank_mb']:.1f} MiB vs raw fork child {r['uss_fork_mb']:.1f} MiB (extra {r['uss_rank_mb'] - r['uss_fork_mb']:.1f} MiB)")
+    print(
+        f"relay throughput, text sink into the notebook (client side count): {chatty * 50_000 / text_elapsed:,.0f} lines/s, received {text_received:,} of {chatty * 50_000:,}"
+    )
+    print(
+        f"memory per rank (USS): nbaccel rank {r['uss_rank_mb']:.1f} MiB vs raw fork child {r['uss_fork_mb']:.1f} MiB (extra {r['uss_rank_mb'] - r['uss_fork_mb']:.1f} MiB)"
+    )
 
 
 if __name__ == "__main__":

@@ -80,9 +80,28 @@ def torchrun_2x2(script: str, mode: str) -> None:
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(rank),
-             "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port), script, mode],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--rdzv-backend",
+                "static",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                script,
+                mode,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for rank in (0, 1)
     ]

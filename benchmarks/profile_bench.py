@@ -83,7 +83,13 @@ def bench_sampler(ranks: int, samples: int = 2000) -> dict[str, float]:
             child.kill()
             child.wait()
     per_sample = statistics.median(costs)
-    return {"ranks": ranks, "per_sample_us": per_sample * 1e6, "floor_us": statistics.median(floors) * 1e6, "per_sample_over_floor": per_sample / statistics.median(floors), "core_percent_at_1hz": per_sample * 100}
+    return {
+        "ranks": ranks,
+        "per_sample_us": per_sample * 1e6,
+        "floor_us": statistics.median(floors) * 1e6,
+        "per_sample_over_floor": per_sample / statistics.median(floors),
+        "core_percent_at_1hz": per_sample * 100,
+    }
 
 
 def main() -> None:

@@ -67,7 +67,14 @@ def train(out_dir: str, label: str, started_at: float, steps: int) -> None:
         if step == 0:
             first_step_s = time.time() - started_at
     steps_per_s = steps / (time.perf_counter() - steady_start)
-    figures = {"entered_s": entered_s, "group_s": group_s, "first_step_s": first_step_s, "steps_per_s": steps_per_s, "threads": torch.get_num_threads(), "world": dist.get_world_size()}
+    figures = {
+        "entered_s": entered_s,
+        "group_s": group_s,
+        "first_step_s": first_step_s,
+        "steps_per_s": steps_per_s,
+        "threads": torch.get_num_threads(),
+        "world": dist.get_world_size(),
+    }
     with open(os.path.join(out_dir, f"{label}.rank{rank}.json"), "w") as f:
         json.dump(figures, f)
 
@@ -147,7 +154,7 @@ def _figures(kernel, expression: str) -> dict:
     run = kernel.execute(f"print('FIGURES' + json.dumps({expression}))", timeout=300)
     _ok(run)
     line = next(line for line in run.stdout.splitlines() if line.startswith("FIGURES"))
-    return json.loads(line[len("FIGURES"):])
+    return json.loads(line[len("FIGURES") :])
 
 
 def run_torchrun(out_dir: str, label: str, steps: int, tries: int = 2) -> dict:
@@ -158,9 +165,21 @@ def run_torchrun(out_dir: str, label: str, steps: int, tries: int = 2) -> dict:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=static",
-            "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
-            os.path.abspath(__file__), "--as-rank", out_dir, label, repr(time.time()), str(steps),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            "--nproc_per_node=2",
+            "--rdzv_backend=static",
+            "--node_rank=0",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            os.path.abspath(__file__),
+            "--as-rank",
+            out_dir,
+            label,
+            repr(time.time()),
+            str(steps),
         ]
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
         run = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)

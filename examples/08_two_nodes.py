@@ -41,7 +41,9 @@ def where_am_i() -> dict:
     state = nbaccel.PartialState(cpu=True)
     total = torch.tensor([float(state.process_index)])
     dist.all_reduce(total)
-    print(f"rank {state.process_index} of {state.num_processes} on node {os.environ['NODE_RANK']} ({socket.gethostname()}), local rank {state.local_process_index}")
+    print(
+        f"rank {state.process_index} of {state.num_processes} on node {os.environ['NODE_RANK']} ({socket.gethostname()}), local rank {state.local_process_index}"
+    )
     state.on_local_main_process(lambda: print(f"node {os.environ['NODE_RANK']}: local main process"))()
     return {"rank": state.process_index, "node": int(os.environ["NODE_RANK"]), "sum": total.item(), "gloo_interface": os.environ["GLOO_SOCKET_IFNAME"]}
 
@@ -69,7 +71,22 @@ def main() -> int:
     summary: dict = {}
     with Cluster(arguments.address) as cluster:
         print(cluster)
-        agents = [subprocess.Popen([*shlex.split(p), sys.executable, "-m", "nbaccel.agent", cluster.address, "--token-file", cluster.token_file, "--nproc-per-node", str(arguments.nproc_per_node)]) for p in prefixes]
+        agents = [
+            subprocess.Popen(
+                [
+                    *shlex.split(p),
+                    sys.executable,
+                    "-m",
+                    "nbaccel.agent",
+                    cluster.address,
+                    "--token-file",
+                    cluster.token_file,
+                    "--nproc-per-node",
+                    str(arguments.nproc_per_node),
+                ]
+            )
+            for p in prefixes
+        ]
         try:
             cluster.wait(nodes=len(prefixes), timeout=90)
             nodes = [slot.node for slot in layout(cluster.live_nodes, cluster.host)]  # in node-rank order
@@ -83,7 +100,12 @@ def main() -> int:
                 notebook_launcher(fail_on_node_1, cluster=cluster, output="text")
             except NodeRankFailedError as error:
                 print(f"as expected: {str(error).splitlines()[0]}")
-                summary["error"] = {"rank": error.rank, "node": error.node, "headline": str(error).splitlines()[0], "statuses": [o.status.value for o in error.outcomes]}
+                summary["error"] = {
+                    "rank": error.rank,
+                    "node": error.node,
+                    "headline": str(error).splitlines()[0],
+                    "statuses": [o.status.value for o in error.outcomes],
+                }
                 summary["error_s"] = round(time.monotonic() - started, 3)
         finally:
             cluster.close()

@@ -81,12 +81,15 @@ The cell fails too. The error names the rank, shows its traceback with the cell'
 last output, and how every rank ended; the other ranks are stopped. (This cell is tagged
 `raises-exception`, so running the whole notebook goes on past it.)
 """),
-    code("""
+    code(
+        """
 %%distributed
 print(f"rank {state.process_index} starts")
 if state.process_index == state.num_processes - 1:
     raise ValueError(f"rank {state.process_index} does not like this batch")
-""", "raises-exception"),
+""",
+        "raises-exception",
+    ),
     md("""
 ## The same for a function: `notebook_launcher`
 
@@ -793,14 +796,18 @@ import nbaccel
 cluster = nbaccel.Cluster("127.0.0.1:0")   # on real machines: this machine's private address
 cluster                                     # says what to run on each node
 """),
-    md("On each node you would run the command shown above. Here the notebook starts two agents itself (in their own sessions, so that interrupting a cell does not reach them)."),
+    md(
+        "On each node you would run the command shown above. Here the notebook starts two agents itself (in their own sessions, so that interrupting a cell does not reach them)."
+    ),
     code("""
 argv = [sys.executable, "-m", "nbaccel.agent", cluster.address, "--token-file", cluster.token_file, "--nproc-per-node", "2"]
 agents = [subprocess.Popen(argv, start_new_session=True) for _ in range(2)]
 for node in cluster.wait(nodes=2, timeout=120):
     print(node.name, node.host, node.address, node.nproc, "ranks", node.gpus, "GPUs")
 """),
-    md("## A function on every rank of every node\n\nEach rank sees the variables torchrun would set (RANK, LOCAL_RANK, NODE_RANK, ...); `PartialState` knows its place; the values come back in global rank order."),
+    md(
+        "## A function on every rank of every node\n\nEach rank sees the variables torchrun would set (RANK, LOCAL_RANK, NODE_RANK, ...); `PartialState` knows its place; the values come back in global rank order."
+    ),
     code("""
 def where_am_i():
     import torch, torch.distributed as dist
@@ -812,7 +819,8 @@ def where_am_i():
 nbaccel.notebook_launcher(where_am_i, cluster=cluster)
 """),
     md("## A rank that fails on node 1\n\nThe error names the rank and its node, with its traceback; every other rank on every node is stopped."),
-    code("""
+    code(
+        """
 def fails_on_node_1():
     import time
     if os.environ["NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "1":
@@ -820,7 +828,9 @@ def fails_on_node_1():
     time.sleep(30)
 
 nbaccel.notebook_launcher(fails_on_node_1, cluster=cluster)
-""", "raises-exception"),
+""",
+        "raises-exception",
+    ),
     md("## Persistent workers across the nodes\n\nOne process group that stays, and namespaces that live from call to call."),
     code("""
 pool = nbaccel.start_workers(cluster=cluster)

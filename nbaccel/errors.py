@@ -41,6 +41,7 @@ class RankReport(Protocol):
     def where(self) -> str: ...
     def describe(self) -> str:
         """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
+
     def headline(self) -> str:
         """Why it failed, in one line: 'rank 1 failed: ValueError: boom'."""
 

@@ -101,7 +101,19 @@ def notebook_launcher(
     if cluster is not None:
         from nbaccel.agent.remote import cluster_launcher
 
-        return cluster_launcher(function, args, cluster, mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, output=output, stall_report=stall_report, pdb=pdb, profile=profile)
+        return cluster_launcher(
+            function,
+            args,
+            cluster,
+            mixed_precision=mixed_precision,
+            timeout=timeout,
+            max_restarts=max_restarts,
+            cpu=cpu,
+            output=output,
+            stall_report=stall_report,
+            pdb=pdb,
+            profile=profile,
+        )
     started = time.monotonic()
     check_callable(function, args)
     options = LaunchOptions(

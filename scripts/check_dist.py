@@ -67,7 +67,9 @@ def _version_problems(path: Path, package: dict[str, object]) -> list[str]:
     wheel_version = path.name.split("-")[1]
     if package.get("version") != wheel_version:
         found = package.get("version")
-        return [f"wheel {path.name}: its labextension is version {found!r}, the wheel {wheel_version!r}; set extension/package.json's version to nbaccel/_version.py's and rebuild"]
+        return [
+            f"wheel {path.name}: its labextension is version {found!r}, the wheel {wheel_version!r}; set extension/package.json's version to nbaccel/_version.py's and rebuild"
+        ]
     return []
 
 

@@ -39,13 +39,28 @@ class Check:
 CHECKS = [
     Check("environment", "what the machine and image are: torch, CUDA, NVML's GPUs, the kernel's driver state", 60, gpus=0),
     Check("cpu-launch", "the carried packages and nbaccel launch two CPU ranks here", 90, gpus=0),
-    Check("driver-probe", "the kernel stays CUDA-uninitialised through is_available, a plan, AcceleratorState('bf16'), a launch and unpickling its GPU result", 120),
+    Check(
+        "driver-probe",
+        "the kernel stays CUDA-uninitialised through is_available, a plan, AcceleratorState('bf16'), a launch and unpickling its GPU result",
+        120,
+    ),
     Check("is-available-then-launch", "torch.cuda.is_available() in the kernel, then a forked CUDA launch works", 90),
-    Check("cuinit-routes-to-spawn", "a kernel that ran cuInit (PYTORCH_NVML_BASED_CUDA_CHECK=0) is seen by the driver probe and does not fork (fork server, else spawn)", 120, env={"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}),
-    Check("fork-server-nccl", "CUDA initialised after the fork server was forked: one rank per GPU from the server on NCCL, a captured CUDA tensor on each rank's own GPU", 120),
+    Check(
+        "cuinit-routes-to-spawn",
+        "a kernel that ran cuInit (PYTORCH_NVML_BASED_CUDA_CHECK=0) is seen by the driver probe and does not fork (fork server, else spawn)",
+        120,
+        env={"PYTORCH_NVML_BASED_CUDA_CHECK": "0"},
+    ),
+    Check(
+        "fork-server-nccl",
+        "CUDA initialised after the fork server was forked: one rank per GPU from the server on NCCL, a captured CUDA tensor on each rank's own GPU",
+        120,
+    ),
     Check("nccl-ddp-one-rank", "one rank gets an NCCL process group and DDP runs a step", 120, needs="item 3: a process group for one rank"),
     Check("pool-oom", "a pool cell that runs out of GPU memory is named, and the pool is kept", 120, needs="item 6: pool errors on CUDA"),
-    Check("device-assert", "a device-side assert ends the worker, names the rank and says %distributed restart", 120, needs="item 6: unrecoverable CUDA errors"),
+    Check(
+        "device-assert", "a device-side assert ends the worker, names the rank and says %distributed restart", 120, needs="item 6: unrecoverable CUDA errors"
+    ),
     Check("distributed-free", "%distributed free empties the CUDA cache on every rank and says what it freed", 120, needs="item 9: %distributed free"),
     Check("no-gpu-process-after-stop", "no process is left on the GPU after the pool stops", 90),
     Check("peer-failure-cuda-one-shot", "a peer failing while rank 0 waits in a CUDA kernel ends the launch with the peer's error", 120),
@@ -71,14 +86,16 @@ def run_check(check: Check, seconds: float, log: Any) -> dict[str, Any]:
     log.write(f"\n===== {check.name} (limit {seconds:.0f} s) =====\n")
     log.flush()
     try:
-        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds, check=False, start_new_session=True)
+        done = subprocess.run(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds, check=False, start_new_session=True
+        )
         output = done.stdout
     except subprocess.TimeoutExpired as timed_out:
         output = (timed_out.stdout or b"").decode(errors="replace") if isinstance(timed_out.stdout, bytes) else (timed_out.stdout or "")
         log.write(output)
         return {"status": "timeout", "reason": f"ran past its {seconds:.0f} s", "seconds": round(time.monotonic() - started, 1)}
     log.write(output)
-    results = [line[len(MARK):] for line in output.splitlines() if line.startswith(MARK)]
+    results = [line[len(MARK) :] for line in output.splitlines() if line.startswith(MARK)]
     outcome = json.loads(results[-1]) if results else {"status": "fail", "reason": f"exited {done.returncode} without a result (see the log)"}
     outcome["seconds"] = round(time.monotonic() - started, 1)
     return outcome
@@ -126,10 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / "gpu-check.log", "w") as log:
         rows = run_all(chosen, gpus, args.budget, log)
     failed = [r["check"] for r in rows if r["status"] in ("fail", "timeout")]
-    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "seconds": round(time.time() - started, 1), "visible_gpus": gpus, "failed": failed, "checks": rows}
+    summary = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1),
+        "visible_gpus": gpus,
+        "failed": failed,
+        "checks": rows,
+    }
     (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
     print(table(rows))
-    print(f"\ngpu-check: {len(rows) - len(failed)} of {len(rows)} without failure ({sum(r['status'] == 'skip' for r in rows)} skipped), {summary['seconds']} s; results in {out / 'results.json'}")
+    print(
+        f"\ngpu-check: {len(rows) - len(failed)} of {len(rows)} without failure ({sum(r['status'] == 'skip' for r in rows)} skipped), {summary['seconds']} s; results in {out / 'results.json'}"
+    )
     return 1 if failed else 0
 
 

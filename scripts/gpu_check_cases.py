@@ -291,7 +291,9 @@ def device_assert() -> dict[str, Any]:
         except nbaccel.RankFailedError as error:
             text = error_text(error)
         later = _later_cell(pool)
-        expect("rank 0" in text and ("device-side assert" in text or "CUDA error" in text), f"the error does not name the rank and the CUDA error: {text[:300]}")
+        expect(
+            "rank 0" in text and ("device-side assert" in text or "CUDA error" in text), f"the error does not name the rank and the CUDA error: {text[:300]}"
+        )
         expect(not pool.alive or "ended" in later, f"the broken worker was kept: a later cell gave {later!r}")
         expect("%distributed restart" in text + later, "neither the error nor the next cell says %distributed restart")
         return {"error": text.splitlines()[0][:200], "later_cell": later[:200], "pool_alive": pool.alive}
@@ -428,7 +430,13 @@ def gpu_result_4gib() -> dict[str, Any]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     size = result.numel() * result.element_size() / 2**30
     expect(size == 4.0 and str(result.device) == "cpu", f"got {size} GiB on {result.device}")
-    return {"seconds": round(seconds, 2), "kernel_peak_gib": round(peak, 2), "peak_before_gib": round(before, 2), "peak_over_result": round((peak - before) / size, 2), "driver_state": driver_state()}
+    return {
+        "seconds": round(seconds, 2),
+        "kernel_peak_gib": round(peak, 2),
+        "peak_before_gib": round(before, 2),
+        "peak_over_result": round((peak - before) / size, 2),
+        "driver_state": driver_state(),
+    }
 
 
 def _four_gib_on_the_gpu() -> Any:
@@ -463,7 +471,13 @@ def launch_vs_torchrun() -> dict[str, Any]:
         script.write(textwrap.dedent(TORCHRUN_SCRIPT))
     for _ in range(3):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone", script.name], capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone", script.name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         theirs.append(time.perf_counter() - started)
         theirs_init += [float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("NCCL_INIT")]
         expect(done.returncode == 0, f"torchrun failed: {done.stderr[-300:]}")

@@ -184,6 +184,10 @@ def _listening(fds: dict[int, str]) -> dict[str, int]:
         except OSError:  # closed meanwhile
             continue
         with sock:
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            if (
+                sock.family in (socket.AF_INET, socket.AF_INET6)
+                and sock.type == socket.SOCK_STREAM
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            ):
                 found[target[8:-1]] = sock.getsockname()[1]
     return found

@@ -119,7 +119,8 @@ def test_a_listening_port_is_caught_once_not_as_an_fd_too(before: Resources) -> 
 @pytest.mark.slow
 def test_the_autouse_check_fails_a_leaking_test_and_passes_a_clean_one(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_inner.py").write_text(
+        textwrap.dedent("""
         import os, subprocess, sys, threading, time
         import pytest
 
@@ -137,11 +138,17 @@ def test_the_autouse_check_fails_a_leaking_test_and_passes_a_clean_one(tmp_path:
             parent = subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork() == 0:\\n    time.sleep(0.3)\\n    os._exit(0)"])
             parent.wait()
             time.sleep(0.6)  # the orphan ended: a zombie of ours, reaped, not counted
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=scaled(50), check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(50),
+        check=False,
     )
     report = run.stdout
     assert "PASSED test_inner.py::test_clean" in report and "PASSED test_inner.py::test_kills_a_parent_on_purpose" in report, report

@@ -34,7 +34,6 @@ def test_ruff_check_is_clean() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-@pytest.mark.skip(reason="applied after the parallel merges: the lead runs `ruff format nbaccel tests benchmarks examples scripts docs` once, then removes this mark")
 def test_ruff_format_leaves_nothing_to_change() -> None:
     pytest.importorskip("ruff")
     run = _run("ruff", "format", "--check", *LINTED)

@@ -114,7 +114,9 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"Cluster cannot listen on {host}:{port}: {exc.strerror}. Use an address of this machine and a free port (0 picks one).") from None
+        raise OSError(
+            exc.errno, f"Cluster cannot listen on {host}:{port}: {exc.strerror}. Use an address of this machine and a free port (0 picks one)."
+        ) from None
     sock.listen(64)
     sock.set_inheritable(False)
     return sock
@@ -186,7 +188,18 @@ class Cluster:
         slurm = {name: value for name, value in slurm.items() if value is not None and value != ()}
         if self._closed:
             raise RuntimeError(f"the cluster at {self.address} is closed; make a new one")
-        started = start_with(via, self.address, self.token_file, hosts=hosts, agent=agent, nproc_per_node=nproc_per_node, ssh_options=ssh_options, ssh_config=ssh_config, first_order=sum(s.expected for s in self.starts), **slurm)
+        started = start_with(
+            via,
+            self.address,
+            self.token_file,
+            hosts=hosts,
+            agent=agent,
+            nproc_per_node=nproc_per_node,
+            ssh_options=ssh_options,
+            ssh_config=ssh_config,
+            first_order=sum(s.expected for s in self.starts),
+            **slurm,
+        )
         self.starts.extend(started)
         return started
 
@@ -206,7 +219,9 @@ class Cluster:
                     joined = len([n for n in self.nodes if n.alive])
                     refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
                     waiting = "".join(f"; {p}" for p in said.values())
-                    raise TimeoutError(f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node.")
+                    raise TimeoutError(
+                        f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
+                    )
                 check_starts(self.starts, [(n.started_by, n.joined_at) for n in self.nodes], said)
                 self._changed.wait(min(left, 0.1 if self.starts else 0.5))
             return [n for n in self.nodes if n.alive]
@@ -237,7 +252,10 @@ class Cluster:
 
     def __repr__(self) -> str:
         lines = [f"nbaccel.Cluster at {self.address}: {len(self.live_nodes)} node(s) joined", "Run on each node:", f"  {self.agent_command()}"]
-        lines += [f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, {'alive' if n.alive else 'lost: ' + n.lost_reason}" for n in self.nodes]
+        lines += [
+            f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, {'alive' if n.alive else 'lost: ' + n.lost_reason}"
+            for n in self.nodes
+        ]
         if self.refused:
             lines.append(f"Refused {len(self.refused)} connection(s); last: {self.refused[-1]}")
         return "\n".join(lines)

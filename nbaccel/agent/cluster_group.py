@@ -119,7 +119,9 @@ class ClusterRankGroup:
 
         nodes = cluster.live_nodes
         if not nodes:
-            raise PreflightError(f"no node has joined the cluster at {cluster.address}; run `{cluster.agent_command()}` on each node, then cluster.wait(nodes=N).")
+            raise PreflightError(
+                f"no node has joined the cluster at {cluster.address}; run `{cluster.agent_command()}` on each node, then cluster.wait(nodes=N)."
+            )
         slots = layout(nodes, cluster.host)
         # By value, with the cell's file name and source: tracebacks on a node show its lines.
         job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends))
@@ -292,7 +294,11 @@ class ClusterRankGroup:
         if attached is not None and attached.fds:
             raise OSError("shared memory cannot reach ranks on other nodes")
         slot = self.slot_of[rank]
-        if slot.done or rank in self._codes or not self.cluster.send(slot.node, protocol.COMMAND, launch=self.launch, raw=protocol.pack_frame(rank, int(kind), payload)):
+        if (
+            slot.done
+            or rank in self._codes
+            or not self.cluster.send(slot.node, protocol.COMMAND, launch=self.launch, raw=protocol.pack_frame(rank, int(kind), payload))
+        ):
             raise OSError(f"rank {rank} on {slot.where()} is gone")
 
     def close(self) -> None:

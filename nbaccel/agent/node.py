@@ -106,14 +106,24 @@ class NodeAgent:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=_CONNECT_TIMEOUT)
         except OSError as exc:
-            raise AgentError(f"cannot reach the cluster at {self.address} ({exc.strerror or exc}); is the notebook's Cluster running, and is that address reachable from this node?", EXIT_UNREACHABLE) from None
+            raise AgentError(
+                f"cannot reach the cluster at {self.address} ({exc.strerror or exc}); is the notebook's Cluster running, and is that address reachable from this node?",
+                EXIT_UNREACHABLE,
+            ) from None
         link = Link(sock, self._secret, sender=f"node@{socket.gethostname()}:{os.getpid()}")
         hello = self._first_messages(link)[0]  # the kernel sends nothing else before our join
         session = f"{hello.header['session']}.{new_nonce()}"
         link.start_session(session)
         local_address = sock.getsockname()[0]
         self.interface = interface_of(local_address)
-        join = {"host": socket.gethostname(), "address": local_address, "nproc": self.nproc, "gpus": self.gpus, "pid": os.getpid(), "version": _version.__version__}
+        join = {
+            "host": socket.gethostname(),
+            "address": local_address,
+            "nproc": self.nproc,
+            "gpus": self.gpus,
+            "pid": os.getpid(),
+            "version": _version.__version__,
+        }
         link.send(protocol.JOIN, {**join, **launcher_facts(self.started_by, self.order)})
         welcome, *self._early = self._first_messages(link)  # a launch may come in the welcome's read
         if welcome.kind == protocol.REFUSED:
@@ -130,7 +140,9 @@ class NodeAgent:
                 messages = link.receive()
             except EOFError as exc:
                 self._prove_token_anyway(link)
-                raise AgentError(f"the cluster at {self.address} refused this node: {exc}. Check that the token is this cluster's (cluster.token_file).", EXIT_REFUSED) from None
+                raise AgentError(
+                    f"the cluster at {self.address} refused this node: {exc}. Check that the token is this cluster's (cluster.token_file).", EXIT_REFUSED
+                ) from None
             if messages:
                 return messages
         raise AgentError(f"the cluster at {self.address} sent nothing within {_CONNECT_TIMEOUT:.0f} s; is it an nbaccel Cluster?", EXIT_REFUSED)
@@ -172,7 +184,11 @@ class NodeAgent:
         while True:
             now = time.monotonic()
             if now - self._last_heard > protocol.KERNEL_LOST_AFTER:
-                print(f"nbaccel-agent: the kernel at {self.address} has been silent for {protocol.KERNEL_LOST_AFTER:.0f} s; stopping this node's ranks and exiting", file=sys.stderr, flush=True)
+                print(
+                    f"nbaccel-agent: the kernel at {self.address} has been silent for {protocol.KERNEL_LOST_AFTER:.0f} s; stopping this node's ranks and exiting",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return EXIT_KERNEL_LOST
             if now >= self._next_heartbeat:
                 self._send(protocol.HEARTBEAT)
@@ -288,4 +304,3 @@ class NodeAgent:
             time.sleep(0.02)
         self.ranks.kill_and_close()
         self.ranks = None
-

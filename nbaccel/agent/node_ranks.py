@@ -228,7 +228,9 @@ class NodeRanks:
 
     def stacks(self, ranks: list[int], timeout: float = 2.0) -> dict[int, str]:
         """Each running rank's raw stack dump (the kernel names cells and summarises it)."""
-        running = {r: self.processes[r - self.first_rank].pid for r in ranks if 0 <= r - self.first_rank < self.nproc and r - self.first_rank not in self.exited}
+        running = {
+            r: self.processes[r - self.first_rank].pid for r in ranks if 0 <= r - self.first_rank < self.nproc and r - self.first_rank not in self.exited
+        }
         if self._stack_files is None or not running:
             return {}
         for rank, pid in running.items():

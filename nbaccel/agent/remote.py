@@ -56,7 +56,9 @@ def naming_nodes(error: RankFailedError, launcher: ClusterLauncher) -> NodeRankF
     return renamed
 
 
-def cluster_plan(cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float, stall_report: float | None = None) -> LaunchPlan:
+def cluster_plan(
+    cluster: Cluster, mixed_precision: str, timeout: float | None, max_restarts: int, cpu: bool, started: float, stall_report: float | None = None
+) -> LaunchPlan:
     """The plan of a launch on the cluster's live nodes: CUDA only where every node has a GPU per rank."""
     options = LaunchOptions(mixed_precision=mixed_precision, timeout=timeout, max_restarts=max_restarts, cpu=cpu, stall_report=stall_report)  # type: ignore[arg-type]  # checked there
     nodes = cluster.live_nodes

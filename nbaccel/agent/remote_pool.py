@@ -84,7 +84,15 @@ class ClusterWorkers(WorkerPool):
         group.catch_up()
         return list(group.lost.values())
 
-    def run_task(self, task: Callable[[dict[str, Any]], Any], ranks: Sequence[int] | None = None, timeout: float | None = None, output: str | Sink | None = None, label: str = "", remember: bool = True) -> Any:
+    def run_task(
+        self,
+        task: Callable[[dict[str, Any]], Any],
+        ranks: Sequence[int] | None = None,
+        timeout: float | None = None,
+        output: str | Sink | None = None,
+        label: str = "",
+        remember: bool = True,
+    ) -> Any:
         try:
             return super().run_task(task, ranks, timeout, output, label, remember)
         except RankFailedError as error:

@@ -86,7 +86,9 @@ def _describe(library: ctypes.CDLL, index: int, handle: ctypes.c_void_p) -> Gpu:
     major, minor = ctypes.c_int(0), ctypes.c_int(0)
     if library.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != NVML_SUCCESS:
         major.value = minor.value = 0
-    return Gpu(index, _text(library.nvmlDeviceGetUUID, handle), _text(library.nvmlDeviceGetName, handle), (major.value, minor.value), _mig_uuids(library, handle))
+    return Gpu(
+        index, _text(library.nvmlDeviceGetUUID, handle), _text(library.nvmlDeviceGetName, handle), (major.value, minor.value), _mig_uuids(library, handle)
+    )
 
 
 def _mig_uuids(library: ctypes.CDLL, handle: ctypes.c_void_p) -> tuple[str, ...]:
@@ -202,7 +204,9 @@ def _count_in_child(visible_devices: str | None, driver_library: str) -> int:
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", _COUNT_SCRIPT, driver_library], check=False, env=env, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _COUNT_SCRIPT, driver_library], check=False, env=env, capture_output=True, text=True, timeout=30
+        )
         return int(done.stdout.strip() or 0)
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return 0

@@ -216,7 +216,17 @@ class ServerStarter:
         self._started: dict[int, tuple[int, ForkServer]] = {}
 
     def start(self, job: Job, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int]) -> int:
-        request = {"op": "start", "rank": rank, "env": env, "commands": ends.commands is not None, "shared": ends.shared is not None, "modules": _warm_names(), "environ": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd()}
+        request = {
+            "op": "start",
+            "rank": rank,
+            "env": env,
+            "commands": ends.commands is not None,
+            "shared": ends.shared is not None,
+            "modules": _warm_names(),
+            "environ": dict(os.environ),
+            "path": list(sys.path),
+            "cwd": os.getcwd(),
+        }
         fds = [ends.stdout, ends.stderr, ends.channel, self._job_memfd(job)]
         fds += [fd for fd in (ends.commands, ends.shared) if fd is not None]
         request["attached"] = self.jobs.attached.tag

@@ -162,7 +162,13 @@ class EventLoop:
         held = self._held_since is not None
         desk_due = self._desk.wake_at() if self._desk is not None else None
         sample_due = self.sampler.due() if self.sampler is not None else None
-        for moment in (self.deadline if not (self.timed_out or held) else None, self.policy.wake_at(), None if held else self._stall_due(), desk_due, sample_due):
+        for moment in (
+            self.deadline if not (self.timed_out or held) else None,
+            self.policy.wake_at(),
+            None if held else self._stall_due(),
+            desk_due,
+            sample_due,
+        ):
             if moment is not None:
                 moments.append(moment)
         now = time.monotonic()

@@ -80,7 +80,9 @@ def run_attempt(launcher: Launcher, job: Job, plan: LaunchPlan, attempt: int, si
             group.close()
     if policy.killed_in_teardown:
         ranks = ", ".join(map(str, policy.killed_in_teardown))
-        say(f"rank(s) {ranks} returned but did not leave the process group within {TEARDOWN_BOUND:g} s (stuck in destroy_process_group); nbaccel killed them, and their results are kept")
+        say(
+            f"rank(s) {ranks} returned but did not leave the process group within {TEARDOWN_BOUND:g} s (stuck in destroy_process_group); nbaccel killed them, and their results are kept"
+        )
     if loop.interrupted:
         raise KeyboardInterrupt(where_ranks_were(loop.outcome_list()))
     if loop.timed_out:

@@ -23,7 +23,19 @@ from typing import Any, Literal, get_args
 from nbaccel.launch.rendezvous import is_loopback
 from nbaccel.wire.rank_env import MIXED_PRECISIONS, MixedPrecision
 
-__all__ = ["MIXED_PRECISIONS", "OUTPUT_MODES", "START_METHODS", "LaunchOptions", "MixedPrecision", "OutputMode", "StartMethod", "check_callable", "check_profile", "check_timeout", "profile_folder"]
+__all__ = [
+    "MIXED_PRECISIONS",
+    "OUTPUT_MODES",
+    "START_METHODS",
+    "LaunchOptions",
+    "MixedPrecision",
+    "OutputMode",
+    "StartMethod",
+    "check_callable",
+    "check_profile",
+    "check_timeout",
+    "profile_folder",
+]
 
 StartMethod = Literal["auto", "fork", "forkserver", "spawn"]
 OutputMode = Literal["auto", "text", "widgets"]

@@ -157,6 +157,7 @@ def last_line(lines: list[str]) -> str:
     """The latest line of output, or "" when there is none (what timeouts and stalls report)."""
     return lines[-1] if lines else ""
 
+
 @dataclass(frozen=True)
 class StatusWords:
     """How a rank's state is said, in each register nbaccel uses (never colour alone).

@@ -129,7 +129,9 @@ def nccl_guard(gpus: Sequence[int]) -> None:
     chosen = {name: value for name, value in variables.items() if name not in os.environ}
     if chosen:
         os.environ.update(chosen)
-        say(f"RTX 40-series GPUs with driver {nvml.driver_version()} (older than {RTX40_GOOD_DRIVER}): setting {', '.join(f'{k}={v}' for k, v in chosen.items())} as Accelerate does.")
+        say(
+            f"RTX 40-series GPUs with driver {nvml.driver_version()} (older than {RTX40_GOOD_DRIVER}): setting {', '.join(f'{k}={v}' for k, v in chosen.items())} as Accelerate does."
+        )
 
 
 def _server_starter(required: bool) -> RankStarter | None:

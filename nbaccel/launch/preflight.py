@@ -17,6 +17,7 @@ from nbaccel.launch.openmp import openmp_pool_started
 # Reasons set by nbaccel.testing.mark_not_fork_safe: a kernel made unsafe without a GPU.
 marked_unsafe: list[str] = []
 
+
 class Hazard(str):
     """Why a fork now would break a rank: the reason itself (a ``str``), with its ``kind``.
 
@@ -50,9 +51,18 @@ def fork_hazards() -> list[Hazard]:
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is not None and dist.is_available() and dist.is_initialized():
-        hazards.append(Hazard("process_group", "a torch.distributed process group is already initialised in this kernel, and a forked rank would inherit a copy it cannot use"))
+        hazards.append(
+            Hazard(
+                "process_group", "a torch.distributed process group is already initialised in this kernel, and a forked rank would inherit a copy it cannot use"
+            )
+        )
     if openmp_pool_started():
-        hazards.append(Hazard(OPENMP, "this kernel ran a multi-threaded CPU op, and its OpenMP thread pool (libgomp) does not survive a fork: a forked rank would hang in its first multi-threaded op"))
+        hazards.append(
+            Hazard(
+                OPENMP,
+                "this kernel ran a multi-threaded CPU op, and its OpenMP thread pool (libgomp) does not survive a fork: a forked rank would hang in its first multi-threaded op",
+            )
+        )
     return hazards
 
 
@@ -60,7 +70,12 @@ def _cuda_hazards() -> list[Hazard]:
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
     if (cuda is not None and cuda.is_initialized()) or driver.cuda_initialised():
-        return [Hazard("cuda", "CUDA is already initialised in this kernel (a tensor was put on a GPU, torch.cuda.is_available() asked the driver, or a library did so on import), and CUDA cannot be used in a process forked after that")]
+        return [
+            Hazard(
+                "cuda",
+                "CUDA is already initialised in this kernel (a tensor was put on a GPU, torch.cuda.is_available() asked the driver, or a library did so on import), and CUDA cannot be used in a process forked after that",
+            )
+        ]
     if cuda is not None and getattr(cuda, "_is_in_bad_fork", lambda: False)():
         return [Hazard("cuda", "this kernel is itself a process forked after CUDA was initialised")]
     return []

@@ -36,7 +36,9 @@ class PickledJobs:
             self._payload = dump_job(job, gpu_tensors, self.attached)
             self._job = job
             if gpu_tensors:  # one line per launch
-                say(f"the function holds {len(gpu_tensors)} CUDA tensor(s) ({'; '.join(gpu_tensors[:3])}{'; ...' if len(gpu_tensors) > 3 else ''}); each rank gets a copy on its own GPU")
+                say(
+                    f"the function holds {len(gpu_tensors)} CUDA tensor(s) ({'; '.join(gpu_tensors[:3])}{'; ...' if len(gpu_tensors) > 3 else ''}); each rank gets a copy on its own GPU"
+                )
         return self._payload
 
     def release(self) -> None:
@@ -68,7 +70,15 @@ class SpawnStarter:
         job_bytes = self.jobs.payload(job)
         attached = self.jobs.attached
         first = ATTACHED_FD
-        spec = {"attached": (attached.tag, list(range(first, first + len(attached.fds)))), "job": job_bytes, "rank": rank, "env": env, "parent_pid": os.getpid(), "commands": ends.commands is not None, "shared": ends.shared is not None}
+        spec = {
+            "attached": (attached.tag, list(range(first, first + len(attached.fds)))),
+            "job": job_bytes,
+            "rank": rank,
+            "env": env,
+            "parent_pid": os.getpid(),
+            "commands": ends.commands is not None,
+            "shared": ends.shared is not None,
+        }
         payload = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
         actions = [
             (os.POSIX_SPAWN_DUP2, ends.stdout, 1),

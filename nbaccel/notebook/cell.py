@@ -325,8 +325,7 @@ def _reject_yield(body: list[ast.stmt], filename: str, text: str) -> None:
             lines = text.splitlines()
             line = lines[node.lineno - 1] if node.lineno <= len(lines) else None
             raise SyntaxError(  # Python's own error for a top-level yield
-                "'yield' outside function (a %%distributed cell runs as a function body, "
-                "but not as a generator)",
+                "'yield' outside function (a %%distributed cell runs as a function body, but not as a generator)",
                 (filename, node.lineno, node.col_offset + 1, line),
             )
 

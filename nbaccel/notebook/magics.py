@@ -125,7 +125,9 @@ class DistributedMagics(Magics):
         compiled = self._compile(line, cell, compile_pool_cell)
         self.workers.mode = "workers"
         pdb = wants_post_mortem(True if args.pdb else None)
-        shown, values = run_cell(pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output, pdb=pdb, profile=args.profile or False)
+        shown, values = run_cell(
+            pool, compiled, args.ranks, collect=args.out is not None, timeout=args.timeout, output=output, pdb=pdb, profile=args.profile or False
+        )
         if args.out is not None:
             self.shell.user_ns[args.out] = values
         return shown
@@ -154,10 +156,7 @@ class DistributedMagics(Magics):
         """``compiler(source, header=, cache=, flags=)`` of the transformed cell; syntax errors as CellSyntaxError."""
         __tracebackhide__ = True
         if not cell.strip():
-            raise UsageError(
-                f"%%{MAGIC_NAME} runs the code below it on every rank, and this cell has none: "
-                f"write the code under the %%{MAGIC_NAME} line."
-            )
+            raise UsageError(f"%%{MAGIC_NAME} runs the code below it on every rank, and this cell has none: write the code under the %%{MAGIC_NAME} line.")
         lines = cell.splitlines()
         blank = next(i for i, text in enumerate(lines) if text.strip())
         # IPython drops leading blank lines when it transforms a cell: keep them in the header, so

@@ -114,30 +114,68 @@ class Option:
 
 
 LAUNCH_OPTIONS: tuple[Option, ...] = (
-    Option(("-n", "--num-processes"), {"type": positive_int, "metavar": "N", "help": "ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)"}, one_shot=True),
+    Option(
+        ("-n", "--num-processes"),
+        {"type": positive_int, "metavar": "N", "help": "ranks to start (default: one per visible GPU, or 2 CPU ranks on gloo)"},
+        one_shot=True,
+    ),
     Option(("--gpus",), {"type": gpu_list, "metavar": "0,2,3", "help": "CUDA devices to use, one rank each (default: the first N)"}, one_shot=True),
     Option(("--cpu",), {"action": "store_true", "help": "run CPU ranks on gloo even where GPUs are visible"}, one_shot=True),
     Option(("--mixed-precision",), {"choices": MIXED_PRECISIONS, "help": "exported to nbaccel's state and Accelerate (default: no)"}, one_shot=True),
     Option(
         ("--start-method",),
-        {"choices": START_METHODS, "help": "fork the kernel (ranks start with the notebook's variables), forkserver (forked from nbaccel's fork server: fast, empty namespaces), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe, else forkserver"},
+        {
+            "choices": START_METHODS,
+            "help": "fork the kernel (ranks start with the notebook's variables), forkserver (forked from nbaccel's fork server: fast, empty namespaces), or spawn fresh interpreters (empty namespaces); default: auto, fork when safe, else forkserver",
+        },
         one_shot=True,
     ),
     Option(
         ("--stall-report",),
-        {"type": stall_seconds, "metavar": "SECONDS", "help": "when no rank prints for this long, show each rank's stack once, stopping nothing; 'off' turns it off (default: 300)"},
+        {
+            "type": stall_seconds,
+            "metavar": "SECONDS",
+            "help": "when no rank prints for this long, show each rank's stack once, stopping nothing; 'off' turns it off (default: 300)",
+        },
         one_shot=True,
     ),
-    Option(("--cluster",), {"type": variable_name, "metavar": "NAME", "help": "run on every rank of every node of the nbaccel.Cluster bound to NAME (empty namespaces on workers; docs/multinode.md)"}, one_shot=True),
+    Option(
+        ("--cluster",),
+        {
+            "type": variable_name,
+            "metavar": "NAME",
+            "help": "run on every rank of every node of the nbaccel.Cluster bound to NAME (empty namespaces on workers; docs/multinode.md)",
+        },
+        one_shot=True,
+    ),
 )
 
 CELL_OPTIONS: tuple[Option, ...] = (
     Option(("--timeout",), {"type": seconds, "metavar": "SECONDS", "help": "stop the cell after this many seconds (running workers stay)"}),
-    Option(("--max-restarts",), {"type": non_negative_int, "metavar": "K", "help": "relaunch every rank after a failure, up to K times (default: 0)"}, one_shot=True),
-    Option(("--ranks",), {"type": rank_list, "metavar": "0,2", "help": "with running workers: run the cell on these ranks only; its result is the lowest one's value"}),
-    Option(("-o", "--out"), {"type": variable_name, "metavar": "NAME", "help": "store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)"}),
+    Option(
+        ("--max-restarts",),
+        {"type": non_negative_int, "metavar": "K", "help": "relaunch every rank after a failure, up to K times (default: 0)"},
+        one_shot=True,
+    ),
+    Option(
+        ("--ranks",),
+        {"type": rank_list, "metavar": "0,2", "help": "with running workers: run the cell on these ranks only; its result is the lowest one's value"},
+    ),
+    Option(
+        ("-o", "--out"),
+        {"type": variable_name, "metavar": "NAME", "help": "store every rank's value in NAME: a list by rank (with --ranks, a dict rank -> value)"},
+    ),
     Option(("--pdb",), {"action": "store_true", "help": "when a rank raises, open a post-mortem prompt in its frame in this cell (default: IPython's %%pdb)"}),
-    Option(("--profile",), {"nargs": "?", "const": True, "default": None, "metavar": "DIR", "help": "run each rank under torch.profiler; write DIR/rank{N}.json, the merged DIR/trace.json and a summary (default DIR: the launch's log folder)"}),
+    Option(
+        ("--profile",),
+        {
+            "nargs": "?",
+            "const": True,
+            "default": None,
+            "metavar": "DIR",
+            "help": "run each rank under torch.profiler; write DIR/rank{N}.json, the merged DIR/trace.json and a summary (default DIR: the launch's log folder)",
+        },
+    ),
     Option(("--text",), {"action": "store_true", "help": "show output as text lines labelled [rank N]"}),
     Option(("--widgets",), {"action": "store_true", "help": "show output in per-rank widgets (default: NBACCEL_OUTPUT, else auto)"}),
 )
@@ -188,10 +226,7 @@ def start_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def unsplittable(command: str, line: str, error: ValueError) -> UsageError:
     """The UsageError for a magic line that shell-style splitting refuses (an unclosed quote)."""
-    return UsageError(
-        f"{command} {line.strip()}: {error}, so the line cannot be split into options; "
-        "close every quote, or escape a lone one with a backslash."
-    )
+    return UsageError(f"{command} {line.strip()}: {error}, so the line cannot be split into options; close every quote, or escape a lone one with a backslash.")
 
 
 def output_mode(args: argparse.Namespace) -> str | None:
@@ -230,7 +265,9 @@ def with_cluster(kwargs: dict[str, Any], args: argparse.Namespace, user_ns: dict
 
     cluster = user_ns.get(name)
     if not isinstance(cluster, Cluster):
-        raise UsageError(f"{command} --cluster {name}: {name!r} is not an nbaccel.Cluster in the notebook (it is {type(cluster).__name__}); make one first: {name} = nbaccel.Cluster('HOST:PORT').")
+        raise UsageError(
+            f"{command} --cluster {name}: {name!r} is not an nbaccel.Cluster in the notebook (it is {type(cluster).__name__}); make one first: {name} = nbaccel.Cluster('HOST:PORT')."
+        )
     clashing = [f"--{option.replace('_', '-')}" for option in ("num_processes", "gpus", "start_method") if option in kwargs]
     if clashing:
         raise UsageError(f"{command} --cluster {name} takes its ranks from the nodes' agents (--nproc-per-node there): drop {', '.join(clashing)}.")

@@ -67,8 +67,12 @@ def parser() -> MagicArgumentParser:
     _add_start(commands)
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
     restart = commands.add_parser("restart", help="fresh workers with empty namespaces and the same options (after a crash, or a lost node)")
-    restart.add_argument("--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start")
-    commands.add_parser("status", help="per rank: pid, device, idle or ended, CPU use, memory in use and its peak (GPU: allocated, reserved, device), last cell")
+    restart.add_argument(
+        "--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start"
+    )
+    commands.add_parser(
+        "status", help="per rank: pid, device, idle or ended, CPU use, memory in use and its peak (GPU: allocated, reserved, device), last cell"
+    )
     commands.add_parser("free", help="on every rank: collect garbage and return torch's cached GPU memory; shows what each rank freed")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     debug = commands.add_parser("debug", help="post-mortem of a rank's last failed cell, in its frames (prompt in this cell; q ends it)")

@@ -77,8 +77,7 @@ class NotebookWorkers:
         running = self.running()
         if running is not None:
             raise UsageError(
-                f"{running.num_processes} workers are already running: %distributed stop first "
-                "(or %distributed restart for fresh ones with the same options)."
+                f"{running.num_processes} workers are already running: %distributed stop first (or %distributed restart for fresh ones with the same options)."
             )
         from nbaccel.errors import PreflightError
 
@@ -108,7 +107,9 @@ class NotebookWorkers:
         elif hasattr(self.pool, "cluster"):  # a pool across nodes: come back once N nodes are there
             self.pool.restart(wait_for=wait_for)  # type: ignore[call-arg]
         else:
-            raise UsageError(f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster).")
+            raise UsageError(
+                f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster)."
+            )
         self._say_ready(time.monotonic() - started, fresh=True)
 
     def cluster(self, args: argparse.Namespace) -> None:

@@ -35,7 +35,9 @@ def status_table(statuses: Iterable[WorkerStatus]) -> str:
     for s in statuses:
         cpu = "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%"
         peak = "-" if s.peak_memory_mb is None else gib(int(s.peak_memory_mb * _MIB))
-        rows.append((str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *((_gpu_cell(s),) if gpu else ()), s.last_cell or "-"))
+        rows.append(
+            (str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *((_gpu_cell(s),) if gpu else ()), s.last_cell or "-")
+        )
     return _table(rows)
 
 

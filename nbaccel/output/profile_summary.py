@@ -78,8 +78,15 @@ def analyse(ranks: Sequence[RankTrace]) -> list[RankProfile]:
         collective_spans = union(span for _, span in calls[r.rank])
         compute_spans = subtract(union(_compute_spans(r.trace)), collective_spans)
         profiles.append(
-            RankProfile(r.rank, (r.ended_ns - r.started_ns) / 1e9, total(compute_spans) / 1e9, total(collective_spans) / 1e9,
-                        waits.get(r.rank, {}), compute_spans, collective_spans)
+            RankProfile(
+                r.rank,
+                (r.ended_ns - r.started_ns) / 1e9,
+                total(compute_spans) / 1e9,
+                total(collective_spans) / 1e9,
+                waits.get(r.rank, {}),
+                compute_spans,
+                collective_spans,
+            )
         )
     return profiles
 
@@ -148,7 +155,7 @@ def total(spans: Iterable[Span]) -> int:
 
 
 def straggler_words(profiles: Sequence[RankProfile]) -> str | None:
-    """"rank 1 spent 1.9 s more in compute; rank 0 waited 1.8 s in all_reduce", or None when balanced."""
+    """ "rank 1 spent 1.9 s more in compute; rank 0 waited 1.8 s in all_reduce", or None when balanced."""
     if len(profiles) < 2:
         return None
     slow = max(profiles, key=lambda p: p.compute)

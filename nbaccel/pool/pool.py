@@ -123,7 +123,7 @@ class WorkerPool:
 
     @property
     def start_method(self) -> str:
-        """"fork", "forkserver" or "spawn": how the workers were started (all but fork start with empty namespaces)."""
+        """ "fork", "forkserver" or "spawn": how the workers were started (all but fork start with empty namespaces)."""
         return self.launcher.start_method
 
     def stop(self, graceful: bool = True) -> None:
@@ -145,7 +145,9 @@ class WorkerPool:
                 wait_until_ended(group, grace=grace)  # returns as soon as all ended
                 lingering = [rank for rank in range(self.num_processes) if group.returncode(rank) is None]
                 if lingering:
-                    say(f"rank(s) {', '.join(map(str, lingering))} did not leave the process group within {grace:g} s of the stop (stuck in destroy_process_group); killed them")
+                    say(
+                        f"rank(s) {', '.join(map(str, lingering))} did not leave the process group within {grace:g} s of the stop (stuck in destroy_process_group); killed them"
+                    )
         finally:
             group.close()  # also after an interrupt while waiting: nothing outlives this
 
@@ -167,9 +169,13 @@ class WorkerPool:
 
     # -- work ------------------------------------------------------------------------------------
 
-    def run(self, function: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None, timeout: float | None = None, output: str | Sink | None = None) -> Any:
+    def run(
+        self, function: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None, timeout: float | None = None, output: str | Sink | None = None
+    ) -> Any:
         """Run ``function(*args)`` on the workers; every rank's value (a list, or a dict for ``ranks``)."""
-        return self.run_task(CallFunction(Sourced.wrap(function), args), ranks=ranks, timeout=timeout, output=output, label=getattr(function, "__name__", "function"))
+        return self.run_task(
+            CallFunction(Sourced.wrap(function), args), ranks=ranks, timeout=timeout, output=output, label=getattr(function, "__name__", "function")
+        )
 
     def push(self, **values: Any) -> None:
         """Bind ``values`` in every rank's namespace (cloudpickle carries them)."""
@@ -177,7 +183,9 @@ class WorkerPool:
             try:
                 _check_picklable(value)
             except Exception as exc:  # noqa: BLE001 - any pickling failure
-                raise TypeError(f"cannot push {name!r}: a {type(value).__qualname__} cannot be pickled ({exc}); push plain data, tensors or modules instead.") from None
+                raise TypeError(
+                    f"cannot push {name!r}: a {type(value).__qualname__} cannot be pickled ({exc}); push plain data, tensors or modules instead."
+                ) from None
         self.run_task(Assign(values), output="text", label="push " + " ".join(values), remember=False)
 
     def pull(self, name: str, rank: int = 0) -> Any:
@@ -216,7 +224,15 @@ class WorkerPool:
         found = group.stacks(range(self.num_processes))
         return [found[rank] for rank in sorted(found)]
 
-    def run_task(self, task: Callable[[dict[str, Any]], Any], ranks: Sequence[int] | None = None, timeout: float | None = None, output: str | Sink | None = None, label: str = "", remember: bool = True) -> Any:
+    def run_task(
+        self,
+        task: Callable[[dict[str, Any]], Any],
+        ranks: Sequence[int] | None = None,
+        timeout: float | None = None,
+        output: str | Sink | None = None,
+        label: str = "",
+        remember: bool = True,
+    ) -> Any:
         """Send ``task`` (a callable over the rank's namespace) to ``ranks`` and collect the answers."""
         group = self._require_group()
         chosen = self._check_ranks(ranks)
@@ -231,7 +247,17 @@ class WorkerPool:
                 attached.close()  # each rank has its own fds by now
         return [values[r] for r in chosen] if ranks is None else values
 
-    def _run_sent(self, group: RankGroup, chosen: list[int], payload: bytes, attached: Attachments | None, timeout: float | None, output: str | Sink | None, label: str, remember: bool) -> dict[int, Any]:
+    def _run_sent(
+        self,
+        group: RankGroup,
+        chosen: list[int],
+        payload: bytes,
+        attached: Attachments | None,
+        timeout: float | None,
+        output: str | Sink | None,
+        label: str,
+        remember: bool,
+    ) -> dict[int, Any]:
         """The task's payload is made: send it and run the loop until every chosen rank answered."""
         sink = make_sink(output)
         if remember:
@@ -241,7 +267,9 @@ class WorkerPool:
             for rank in chosen:  # the workers are up already: their chips say running at once
                 sink.event(rank, rich.started_event(group.pid(rank)))
             deadline = None if timeout is None else time.monotonic() + timeout
-            loop = session.watch(EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report, sampler=self._sampler))
+            loop = session.watch(
+                EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report, sampler=self._sampler)
+            )
             self._send(group, chosen, payload, attached)
             loop.run()
         self._raise_for(loop, policy, timeout)
@@ -347,7 +375,11 @@ class WorkerPool:
             error = RankFailedError(crashed[0], sorted(states, key=lambda o: o.rank))
             say(f"{crashed[0].describe()}; the workers were stopped. Start new ones.")
             raise error
-        reason = f"rank(s) {', '.join(map(str, stuck))} did not stop within {policy.grace:g} s of the interrupt (stuck in a collective or native code)" if stuck else "interrupted twice"
+        reason = (
+            f"rank(s) {', '.join(map(str, stuck))} did not stop within {policy.grace:g} s of the interrupt (stuck in a collective or native code)"
+            if stuck
+            else "interrupted twice"
+        )
         say(f"{reason}; the workers were stopped. Start new ones (%distributed start).")
         if not stuck:
             raise KeyboardInterrupt(f"{reason}; the workers were stopped")

@@ -23,10 +23,7 @@ from nbaccel.rank.bootstrap import call_and_report
 from nbaccel.wire import events, shm
 from nbaccel.wire.job import ChildEnds
 
-_DEFERRED_NOTE = (
-    "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still "
-    "has its process group (said once)"
-)
+_DEFERRED_NOTE = "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still has its process group (said once)"
 
 
 def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:

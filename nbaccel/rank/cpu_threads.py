@@ -65,7 +65,11 @@ def hold_to_one_thread() -> None:
     def set_num_threads(threads: int) -> None:
         if threads > 1 and not told:
             told.append(True)
-            print(f"nbaccel: torch.set_num_threads({threads}) kept at 1: this rank was forked from a kernel whose OpenMP pool had started, and more threads would hang (start_method='spawn' allows them).", file=sys.stderr, flush=True)
+            print(
+                f"nbaccel: torch.set_num_threads({threads}) kept at 1: this rank was forked from a kernel whose OpenMP pool had started, and more threads would hang (start_method='spawn' allows them).",
+                file=sys.stderr,
+                flush=True,
+            )
         original(1)
 
     set_num_threads._nbaccel_held = True  # type: ignore[attr-defined]

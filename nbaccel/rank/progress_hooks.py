@@ -178,4 +178,3 @@ def _event(bar: Any, closed: bool) -> dict[str, Any]:
         leave=leave,
         failed=failed,
     )
-

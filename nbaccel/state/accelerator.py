@@ -228,15 +228,21 @@ def check_precision_supported(precision: str, device: torch.device) -> None:
         return
     if device.type != "cuda":
         if precision == "fp8":
-            raise ValueError(f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper), but this process runs on {_describe(device, None)}. Use 'bf16' instead.")
+            raise ValueError(
+                f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper), but this process runs on {_describe(device, None)}. Use 'bf16' instead."
+            )
         return
     capability = device_capability(device)
     if capability is None:
         return  # unknown here without initialising CUDA: each rank checks on its own device
     if precision == "fp8" and capability < (8, 9):
-        raise ValueError(f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper), but this process runs on {_describe(device, capability)}. Use 'bf16' instead.")
+        raise ValueError(
+            f"mixed_precision='fp8' needs a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper), but this process runs on {_describe(device, capability)}. Use 'bf16' instead."
+        )
     if precision == "bf16" and not nvml.supports_bf16(capability):
-        raise ValueError(f"mixed_precision='bf16' is not supported by {_describe(device, capability)} (it needs compute capability 8.0 or newer). Use 'fp16' instead.")
+        raise ValueError(
+            f"mixed_precision='bf16' is not supported by {_describe(device, capability)} (it needs compute capability 8.0 or newer). Use 'fp16' instead."
+        )
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
@@ -273,9 +279,7 @@ def _named_deepspeed_plugins(plugin: Any) -> dict[str, Any]:
     return dict(plugin)
 
 
-def _check_same_config(
-    config: _Config, precision: str | None, plugins: dict[str, Any], deepspeed: dict[str, Any]
-) -> None:
+def _check_same_config(config: _Config, precision: str | None, plugins: dict[str, Any], deepspeed: dict[str, Any]) -> None:
     """A later construction may repeat the configuration or leave it out, but not change it."""
     changed = []
     if precision is not None and precision != config.mixed_precision:

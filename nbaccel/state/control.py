@@ -287,10 +287,7 @@ class ProcessControl(abc.ABC):
 
 def _check_index(function: object, index: object, name: str, parameter: str) -> int:
     if function is not None and not callable(function):
-        raise TypeError(
-            f"{name}() got {function!r} where the function to decorate goes. Pass the index by "
-            f"keyword: @state.{name}({parameter}={function!r})."
-        )
+        raise TypeError(f"{name}() got {function!r} where the function to decorate goes. Pass the index by keyword: @state.{name}({parameter}={function!r}).")
     if index is None:
         raise TypeError(f"{name} needs the index to run on, e.g. @state.{name}({parameter}=0).")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:

@@ -31,9 +31,7 @@ from nbaccel.state.partial import PartialState
 __all__ = ["DataLoaderShard", "accumulate", "padding_added", "prepare_data_loader", "shard_batches"]
 
 
-def shard_batches(
-    order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int, index: int
-) -> list[list[int]]:
+def shard_batches(order: Sequence[int], batch_size: int, drop_last: bool, num_processes: int, index: int) -> list[list[int]]:
     """Process ``index``'s batches of sample indices, given the epoch's global ``order``.
 
     Step ``s`` takes the ``s``-th ``batch_size * num_processes`` samples of ``order``; process
@@ -48,9 +46,7 @@ def shard_batches(
     """
     step = batch_size * num_processes
     full_steps, tail = divmod(len(order), step)
-    batches = [
-        list(order[s * step + index * batch_size : s * step + (index + 1) * batch_size]) for s in range(full_steps)
-    ]
+    batches = [list(order[s * step + index * batch_size : s * step + (index + 1) * batch_size]) for s in range(full_steps)]
     if tail and not drop_last:
         extra = padding_added(len(order), batch_size, drop_last, num_processes)
         padded = list(order[full_steps * step :]) + list(itertools.islice(itertools.cycle(order), extra))

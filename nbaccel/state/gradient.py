@@ -64,8 +64,7 @@ class GradientState:
         plugin = gradient_accumulation_plugin
         if plugin is not None and not isinstance(plugin, GradientAccumulationPlugin):
             raise TypeError(
-                f"GradientState takes a GradientAccumulationPlugin, got {plugin!r}; write "
-                "GradientState(GradientAccumulationPlugin(num_steps=...))."
+                f"GradientState takes a GradientAccumulationPlugin, got {plugin!r}; write GradientState(GradientAccumulationPlugin(num_steps=...))."
             )
         if GradientState._shared is None:
             GradientState._shared = _Progress(plugin or GradientAccumulationPlugin())
@@ -81,8 +80,7 @@ class GradientState:
     def _progress(self) -> _Progress:
         if GradientState._shared is None:
             raise StateResetError(
-                "This GradientState was made before GradientState._reset_state() dropped the "
-                "shared state. Create it again: state = GradientState()."
+                "This GradientState was made before GradientState._reset_state() dropped the shared state. Create it again: state = GradientState()."
             )
         return GradientState._shared
 

@@ -38,10 +38,7 @@ def normalize_mixed_precision(value: object, where: str) -> str:
     """``value`` as one of "no", "fp16", "bf16", "fp8" (case-insensitive), or a ValueError."""
     if isinstance(value, str) and value.strip().lower() in names.MIXED_PRECISIONS:
         return value.strip().lower()
-    raise ValueError(
-        f"{where}={value!r} is not a mixed-precision mode nbaccel knows. "
-        f"Use one of {', '.join(repr(m) for m in names.MIXED_PRECISIONS)}."
-    )
+    raise ValueError(f"{where}={value!r} is not a mixed-precision mode nbaccel knows. Use one of {', '.join(repr(m) for m in names.MIXED_PRECISIONS)}.")
 
 
 @dataclass(frozen=True)
@@ -86,10 +83,7 @@ class LaunchEnvironment:
         world_size = _int_var(environ, "WORLD_SIZE", minimum=1)
         rank = _int_var(environ, "RANK", minimum=0)
         if world_size is not None and rank is not None and rank >= world_size:
-            raise ValueError(
-                f"RANK={rank} is not below WORLD_SIZE={world_size}: ranks run from 0 to "
-                "WORLD_SIZE-1. Check the variables your launcher exported."
-            )
+            raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world_size}: ranks run from 0 to WORLD_SIZE-1. Check the variables your launcher exported.")
         return cls(
             world_size=world_size,
             rank=rank,
@@ -97,9 +91,7 @@ class LaunchEnvironment:
             local_world_size=_int_var(environ, "LOCAL_WORLD_SIZE", minimum=1),
             device_type=_device_type(environ),
             use_cpu=is_truthy(environ.get(names.ACCELERATE_USE_CPU)),
-            mixed_precision=normalize_mixed_precision(
-                environ.get(names.MIXED_PRECISION) or "no", names.MIXED_PRECISION
-            ),
+            mixed_precision=normalize_mixed_precision(environ.get(names.MIXED_PRECISION) or "no", names.MIXED_PRECISION),
             debug=is_truthy(environ.get("ACCELERATE_DEBUG_MODE")),
             master_addr=environ.get("MASTER_ADDR"),
             master_port=environ.get("MASTER_PORT"),

@@ -39,10 +39,7 @@ class InitProcessGroupKwargs:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"InitProcessGroupKwargs.{name} must be a str or None, got {value!r}")
         if self.timeout is not None and not isinstance(self.timeout, timedelta):
-            raise TypeError(
-                f"InitProcessGroupKwargs.timeout must be a datetime.timedelta, got {self.timeout!r}; "
-                "write e.g. timedelta(seconds=60)."
-            )
+            raise TypeError(f"InitProcessGroupKwargs.timeout must be a datetime.timedelta, got {self.timeout!r}; write e.g. timedelta(seconds=60).")
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields that were set, as keyword arguments for ``PartialState(**kwargs)``."""

@@ -81,10 +81,7 @@ def split_for_process(inputs: T, num_processes: int, index: int, apply_padding: 
 def _split(inputs: Any, num_processes: int, index: int, pad: bool, where: str) -> Any:
     if isinstance(inputs, Mapping):
         _dict_length(inputs, where)  # validate every value before anything is sliced
-        return {
-            key: _split(value, num_processes, index, pad, f"{where}[{key!r}]")
-            for key, value in inputs.items()
-        }
+        return {key: _split(value, num_processes, index, pad, f"{where}[{key!r}]") for key, value in inputs.items()}
     length = _length(inputs, where)
     start, stop = shard_bounds(length, num_processes, index)
     missing = padded_length(length, num_processes) - (stop - start) if pad else 0

@@ -130,7 +130,7 @@ def send(fd: int, kind: Kind, value: Any) -> None:
 def send_bytes(fd: int, kind: Kind, payload: bytes | bytearray, defer_sigint: bool = True) -> None:
     """Write one frame. ``defer_sigint=False`` lets an interrupt stop a write that blocks (the
     kernel's side, which then treats the stream as broken)."""
-    with _SEND_LOCK, (_sigint_deferred() if defer_sigint else contextlib.nullcontext()):
+    with _SEND_LOCK, _sigint_deferred() if defer_sigint else contextlib.nullcontext():
         _write_all(fd, encode_header(kind, len(payload)))
         _write_all(fd, payload)
 

@@ -43,7 +43,12 @@ def _environment() -> dict[str, str]:
 
 def test_ranks_see_the_environment_torchrun_sets(two_nodes: Cluster) -> None:
     envs = notebook_launcher(_environment, cluster=two_nodes, output=CollectingSink())
-    assert [(e["RANK"], e["LOCAL_RANK"], e["NODE_RANK"], e["GROUP_RANK"]) for e in envs] == [("0", "0", "0", "0"), ("1", "1", "0", "0"), ("2", "0", "1", "1"), ("3", "1", "1", "1")]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["NODE_RANK"], e["GROUP_RANK"]) for e in envs] == [
+        ("0", "0", "0", "0"),
+        ("1", "1", "0", "0"),
+        ("2", "0", "1", "1"),
+        ("3", "1", "1", "1"),
+    ]
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["GLOO_SOCKET_IFNAME"]) for e in envs} == {("4", "2", "127.0.0.1", "lo")}
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and len({e["TORCHELASTIC_RUN_ID"] for e in envs}) == 1
     assert [(e["ROLE_RANK"], e["ROLE_NAME"], e["ROLE_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs] == [(str(r), "default", "4", "2") for r in range(4)]

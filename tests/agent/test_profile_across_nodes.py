@@ -29,7 +29,9 @@ def _uneven_work() -> int:
     return rank
 
 
-def test_a_profiled_launch_across_two_agents_merges_every_ranks_trace_and_names_the_straggler(two_nodes: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_profiled_launch_across_two_agents_merges_every_ranks_trace_and_names_the_straggler(
+    two_nodes: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert notebook_launcher(_uneven_work, cluster=two_nodes, output=CollectingSink(), profile=str(tmp_path)) == [0, 1, 2, 3]
     trace = json.loads((tmp_path / "trace.json").read_text())
     lanes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}

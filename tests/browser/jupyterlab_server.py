@@ -46,9 +46,7 @@ class Lab:
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
 
     def api(self, method: str, path: str) -> object:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"}
-        )
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=10) as response:
             body = response.read()
         return json.loads(body) if body else None
@@ -78,10 +76,18 @@ def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 6
     server_env.update(env or {})
     log = root / ".home" / "jupyterlab.log"
     command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-        f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-        "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        "--ServerApp.ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--ServerApp.shutdown_no_activity_timeout=0",
     ]
     with open(log, "wb") as log_file:

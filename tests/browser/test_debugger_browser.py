@@ -85,9 +85,7 @@ def test_p_x_typed_into_the_stdin_box_shows_rank_1s_value(lab: Lab, tmp_path: Pa
                 page.screenshot(path=str(shots / "prompt.png"))
                 box.fill("p x")
                 box.press("Enter")
-                page.wait_for_function(
-                    "() => [...document.querySelectorAll('.jp-Cell')][1].querySelector('.jp-Stdin-prompt')?.textContent.startsWith('17')"
-                )
+                page.wait_for_function("() => [...document.querySelectorAll('.jp-Cell')][1].querySelector('.jp-Stdin-prompt')?.textContent.startsWith('17')")
                 page.screenshot(path=str(shots / "p-x.png"))
                 box = cell.locator(".jp-Stdin-input")
                 box.fill("c")

@@ -168,9 +168,7 @@ def _run_cell(page: sync_api.Page, index: int) -> None:
 
 def _status(page: sync_api.Page, pattern: str) -> str:
     item = page.locator(".nbaccel-workers-status")
-    page.wait_for_function(
-        "(re) => new RegExp(re).test(document.querySelector('.nbaccel-workers-status')?.textContent ?? '')", arg=pattern, timeout=60_000
-    )
+    page.wait_for_function("(re) => new RegExp(re).test(document.querySelector('.nbaccel-workers-status')?.textContent ?? '')", arg=pattern, timeout=60_000)
     return item.inner_text()
 
 

@@ -98,7 +98,12 @@ def _has_notebook7() -> bool:
 
 UIS = [
     pytest.param("lab", "lab/tree", id="jupyterlab4"),
-    pytest.param("notebook", "notebooks", id="notebook7", marks=pytest.mark.skipif(not _has_notebook7(), reason="Notebook 7 is not installed (scripts/install-browser-deps.sh installs it)")),
+    pytest.param(
+        "notebook",
+        "notebooks",
+        id="notebook7",
+        marks=pytest.mark.skipif(not _has_notebook7(), reason="Notebook 7 is not installed (scripts/install-browser-deps.sh installs it)"),
+    ),
 ]
 
 

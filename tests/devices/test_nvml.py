@@ -90,7 +90,12 @@ def test_counting_through_a_fake_nvml(fakes: dict[str, Path], tmp_path: Path) ->
 
 def test_without_nvml_the_driver_counts_in_a_child_process(fakes: dict[str, Path], tmp_path: Path) -> None:
     record = tmp_path / "cuinit.log"
-    env = {"NBACCEL_NVML_LIBRARY": str(tmp_path / "no-nvml.so"), "NBACCEL_CUDA_DRIVER_LIBRARY": str(fakes["cuda"]), "FAKE_CUDA_RECORD": str(record), "FAKE_CUDA_DEVICES": "3"}
+    env = {
+        "NBACCEL_NVML_LIBRARY": str(tmp_path / "no-nvml.so"),
+        "NBACCEL_CUDA_DRIVER_LIBRARY": str(fakes["cuda"]),
+        "FAKE_CUDA_RECORD": str(record),
+        "FAKE_CUDA_DEVICES": "3",
+    }
     seen = subprocess_json(COUNT, env)
     assert seen["counts"]["unset"] == 3 and seen["counts"][""] == 0
     assert seen["names"] == [] and seen["capability"] is None and seen["driver"] is None

@@ -71,7 +71,9 @@ def test_a_breakpoint_and_pdb_under_nbclient_do_not_hang(tmp_path: Path) -> None
     notebook.cells = [
         nbformat.v4.new_code_cell("%load_ext nbaccel"),
         nbformat.v4.new_code_cell("%%distributed -n 2 -o both\nx = state.process_index\nif x == 1:\n    breakpoint()\nx + 1"),
-        nbformat.v4.new_code_cell("%%distributed -n 2 --pdb\nif state.process_index == 1:\n    raise ValueError('no stdin here')", metadata={"tags": ["raises-exception"]}),
+        nbformat.v4.new_code_cell(
+            "%%distributed -n 2 --pdb\nif state.process_index == 1:\n    raise ValueError('no stdin here')", metadata={"tags": ["raises-exception"]}
+        ),
         nbformat.v4.new_code_cell("print('both', both)"),
     ]
     client = NotebookClient(notebook, timeout=round(scaled(60)), kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})

@@ -51,7 +51,10 @@ def kernel_has_no_cuda(kernel: Kernel) -> bool:
 
 def test_each_rank_uses_the_gpu_of_its_local_rank_and_its_tensors_come_back_on_the_cpu(kernel: Kernel) -> None:
     n = gpu_count()
-    ok(kernel, "%%distributed -o placed\nt = torch.full((2,), float(state.process_index), device=state.device)\n(torch.cuda.current_device(), str(state.device), t)")
+    ok(
+        kernel,
+        "%%distributed -o placed\nt = torch.full((2,), float(state.process_index), device=state.device)\n(torch.cuda.current_device(), str(state.device), t)",
+    )
     run = ok(kernel, "print([(c, d, t.device.type, t.tolist()) for c, d, t in placed])")
     assert run.stdout.strip() == str([(i, f"cuda:{i}", "cpu", [float(i)] * 2) for i in range(n)])
     assert kernel_has_no_cuda(kernel)
@@ -136,8 +139,10 @@ def test_distributed_status_shows_each_rank_gpu_memory(kernel: Kernel) -> None:
 def test_a_profiled_cell_on_gpus_records_cuda_kernels(kernel: Kernel, tmp_path: Path) -> None:
     import json
 
-    ok(kernel, f"%%distributed --profile {tmp_path}\nimport torch, torch.distributed as dist\nx = torch.randn(1024, 1024, device=state.device)\nfor _ in range(10):\n    x = x @ x\n    dist.all_reduce(x)\ntorch.cuda.synchronize()")
+    ok(
+        kernel,
+        f"%%distributed --profile {tmp_path}\nimport torch, torch.distributed as dist\nx = torch.randn(1024, 1024, device=state.device)\nfor _ in range(10):\n    x = x @ x\n    dist.all_reduce(x)\ntorch.cuda.synchronize()",
+    )
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"]), "no CUDA kernel in the merged trace"
     assert kernel_has_no_cuda(kernel)
-

@@ -23,8 +23,12 @@ def ddp_on_one_gpu() -> dict:
     state = nbaccel.PartialState()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1).to(state.device))
     model(torch.ones(2, 4, device=state.device)).sum().backward()
-    return {"backend": dist.get_backend(), "world": dist.get_world_size(), "type": state.distributed_type.value,
-            "grad_device": model.module.weight.grad.device.type}
+    return {
+        "backend": dist.get_backend(),
+        "world": dist.get_world_size(),
+        "type": state.distributed_type.value,
+        "grad_device": model.module.weight.grad.device.type,
+    }
 
 
 def test_one_gpu_rank_gets_an_nccl_group_of_one_and_ddp_works() -> None:

@@ -101,7 +101,9 @@ def test_without_stdin_a_breakpoint_says_so_in_one_line_and_goes_on(kernel: Kern
     assert run.status == "ok", run.error
     count = run.reply["content"]["execution_count"]
     said = [line for line in (run.stdout + run.stderr).splitlines() if "passed a breakpoint" in line]
-    assert said == [f"[rank 1] nbaccel: rank 1 passed a breakpoint at Cell In[{count}], line 5 without stopping: this frontend does not allow input (nbclient, nbconvert --execute, a script)"]
+    assert said == [
+        f"[rank 1] nbaccel: rank 1 passed a breakpoint at Cell In[{count}], line 5 without stopping: this frontend does not allow input (nbclient, nbconvert --execute, a script)"
+    ]
     assert _value(kernel, "both") == "[8, 18]"
 
 
@@ -153,7 +155,9 @@ def test_interrupt_at_the_prompt_stops_the_launch_within_5_s(kernel: Kernel) -> 
 def test_distributed_debug_opens_a_workers_last_failure_later(kernel: Kernel) -> None:
     assert kernel.execute("%distributed start -n 2").status == "ok"
     try:
-        failed = kernel.execute("%%distributed\nkept = state.process_index + 100\nif state.process_index == 1:\n    oops = kept * 2\n    raise ValueError('late look')\n")
+        failed = kernel.execute(
+            "%%distributed\nkept = state.process_index + 100\nif state.process_index == 1:\n    oops = kept * 2\n    raise ValueError('late look')\n"
+        )
         assert failed.error is not None and "rank 1 failed: ValueError: late look" in failed.error["evalue"]
         run = kernel.execute("%distributed debug", answers=["p oops", "q"], timeout=60)
         assert run.status == "ok", run.error
@@ -164,7 +168,9 @@ def test_distributed_debug_opens_a_workers_last_failure_later(kernel: Kernel) ->
         kept = kernel.execute("%%distributed -o k\nkept")  # the namespaces are kept
         assert kept.status == "ok", kept.error
         assert _value(kernel, "k") == "[100, 101]"
-        at_once = kernel.execute("%%distributed --pdb\nif state.process_index == 0:\n    here = kept - 1\n    raise KeyError(here)", answers=["p here", "q"], timeout=60)
+        at_once = kernel.execute(
+            "%%distributed --pdb\nif state.process_index == 0:\n    here = kept - 1\n    raise KeyError(here)", answers=["p here", "q"], timeout=60
+        )
         assert at_once.prompts[0].startswith("nbaccel: rank 0 raised KeyError: 99; post-mortem") and at_once.prompts[1].startswith("99\n")
         assert at_once.error is not None and "rank 0 failed: KeyError: 99" in at_once.error["evalue"]
         resumed = kernel.execute("%%distributed -o seen\nif state.process_index == 1:\n    breakpoint()\nkept", answers=["p kept", "c"], timeout=60)

@@ -28,14 +28,18 @@ def rank_work():
 
 
 def test_is_available_leaves_the_kernel_fork_safe(kernel: Kernel) -> None:
-    run = kernel.execute("import nbaccel, os, torch\ntorch.cuda.is_available()\nprint(os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'])\nfrom nbaccel.launch.preflight import fork_hazards\nfrom nbaccel.launch.plan import choose_starter\nprint([h.kind for h in fork_hazards()], type(choose_starter('auto', 2)).__name__)")
+    run = kernel.execute(
+        "import nbaccel, os, torch\ntorch.cuda.is_available()\nprint(os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'])\nfrom nbaccel.launch.preflight import fork_hazards\nfrom nbaccel.launch.plan import choose_starter\nprint([h.kind for h in fork_hazards()], type(choose_starter('auto', 2)).__name__)"
+    )
     assert run.status == "ok", run.error
     assert run.stdout.splitlines() == ["1", "[] ForkStarter"]
 
 
 def test_a_launch_after_the_kernel_used_openmp_does_not_hang(kernel: Kernel) -> None:
     assert kernel.execute(SETUP).status == "ok"
-    run = kernel.execute("torch.set_num_threads(2); x = torch.ones(2**22); x.sum()\nnbaccel.notebook_launcher(rank_work, num_processes=1, timeout=60)", timeout=120)
+    run = kernel.execute(
+        "torch.set_num_threads(2); x = torch.ones(2**22); x.sum()\nnbaccel.notebook_launcher(rank_work, num_processes=1, timeout=60)", timeout=120
+    )
     assert run.status == "ok", (run.error, run.stdout, run.stderr)
     [result] = run.of_type("execute_result")
     assert result["content"]["data"]["text/plain"] == f"[{2.0 * 2**22}]"
@@ -46,7 +50,14 @@ def test_a_launch_after_the_kernel_used_openmp_does_not_hang(kernel: Kernel) -> 
 @pytest.fixture
 def poisoned_kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
     fake = build_fake_cuda(tmp_path_factory.mktemp("fake-cuda"))
-    with running_kernel(env={"NBACCEL_OUTPUT": "text", "NBACCEL_CUDA_DRIVER_LIBRARY": str(fake), "FAKE_CUDA_DEVICES": "0", "NBACCEL_NVML_LIBRARY": "/nonexistent/libnvidia-ml.so.1"}) as kernel:
+    with running_kernel(
+        env={
+            "NBACCEL_OUTPUT": "text",
+            "NBACCEL_CUDA_DRIVER_LIBRARY": str(fake),
+            "FAKE_CUDA_DEVICES": "0",
+            "NBACCEL_NVML_LIBRARY": "/nonexistent/libnvidia-ml.so.1",
+        }
+    ) as kernel:
         assert kernel.execute(SETUP).status == "ok"
         yield kernel
 

@@ -93,13 +93,10 @@ def test_ranks_exit_when_the_kernel_is_killed(tmp_path) -> None:
         wait_until(lambda: not any(alive(p) for p in pids), 2.0, f"ranks {pids} gone after their kernel was killed")
 
 
-
-
 def test_remote_tracebacks_name_notebook_cells_everywhere_they_are_shown(kernel: Kernel) -> None:
     # The widget panel and the static view show outcome.error.traceback: it names the cell too.
     run = kernel.execute(
-        "try:\n    nbaccel.notebook_launcher(boom, num_processes=2)\n"
-        "except nbaccel.RankFailedError as error:\n    print(error.outcomes[1].error.traceback)"
+        "try:\n    nbaccel.notebook_launcher(boom, num_processes=2)\nexcept nbaccel.RankFailedError as error:\n    print(error.outcomes[1].error.traceback)"
     )
     assert run.status == "ok"
     assert "Cell In[" in run.stdout and "ipykernel_" not in run.stdout

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(300)]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 # The same source in the notebook and in the torchrun script.
-TRAIN = '''
+TRAIN = """
 def fabric_train():
     import torch, lightning
     fabric = lightning.Fabric(accelerator="cpu", devices=2, strategy="ddp")
@@ -71,15 +71,18 @@ def trainer_train(root):
     )
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
     return [p.detach().tolist() for p in model.parameters()]
-'''
+"""
 
-UNDER_TORCHRUN = TRAIN + '''
+UNDER_TORCHRUN = (
+    TRAIN
+    + """
 import json, os, sys
 fabric, trainer = fabric_train(), trainer_train(sys.argv[1])
 if os.environ["RANK"] == "0":
     with open(os.path.join(sys.argv[1], "params.json"), "w") as out:
         json.dump({"fabric": fabric, "trainer": trainer}, out)
-'''
+"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +134,7 @@ def test_after_the_notebook_imported_lightning_trainer_in_a_cell_trains_as_under
     assert kernel.children() == []
 
 
-SHELL_SEEN = '''
+SHELL_SEEN = """
 def shell_seen():
     import builtins, sys, IPython, lightning_fabric.connector as connector, torch.distributed as dist
     from IPython.display import HTML, display
@@ -147,7 +150,7 @@ sink = CollectingSink()
 seen = nbaccel.notebook_launcher(shell_seen, num_processes=2, output=sink)
 shown = [e["data"]["text/html"] for rank in (0, 1) for e in sink.events.get(rank, []) if e.get("type") == "display"]
 print(json.dumps({"seen": seen, "shown": shown, "kernel": [hasattr(sys, "ps1"), get_ipython() is not None]}))
-'''
+"""
 
 
 def test_a_rank_sees_no_interactive_shell_but_display_still_reaches_the_kernel(kernel: Kernel) -> None:

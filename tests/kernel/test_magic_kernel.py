@@ -70,12 +70,7 @@ def test_a_trailing_semicolon_shows_no_result(kernel: Kernel) -> None:
 
 
 def test_a_failing_rank_makes_the_cell_fail_naming_the_rank_and_the_cells_line(kernel: Kernel) -> None:
-    run = kernel.execute(
-        "%%distributed -n 2\n"
-        "if state.process_index == 1:\n"
-        "    print('rank 1 gives up')\n"
-        "    raise ValueError('boom in the cell')\n"
-    )
+    run = kernel.execute("%%distributed -n 2\nif state.process_index == 1:\n    print('rank 1 gives up')\n    raise ValueError('boom in the cell')\n")
     assert run.status == "error"
     assert run.error["ename"] == "RankFailedError"
     text = _traceback(run)

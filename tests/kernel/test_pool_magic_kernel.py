@@ -55,7 +55,10 @@ def worker_pids(kernel: Kernel) -> list[int]:
 
 
 def test_a_variable_a_cell_defines_is_there_in_the_next_cell(workers: Kernel) -> None:
-    first = ok(workers, "%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1) * (state.process_index + 1)\ndist.all_reduce(t)\nprint(f'rank {state.process_index}: {t.item():g}')\nt.item()")
+    first = ok(
+        workers,
+        "%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1) * (state.process_index + 1)\ndist.all_reduce(t)\nprint(f'rank {state.process_index}: {t.item():g}')\nt.item()",
+    )
     assert sorted(first.stdout.splitlines()) == ["[rank 0] rank 0: 3", "[rank 1] rank 1: 3"]
     assert result(first) == "3.0"
     second = ok(workers, "%%distributed -o everyone\nt += state.process_index\nt.item()")
@@ -76,7 +79,11 @@ def test_ranks_with_widgets_shows_only_those_ranks_running_from_the_start(worker
     run = ok(workers, "%%distributed --ranks 1 --widgets\nprint('only on rank 1')")
     (tab,) = [m["content"] for m in run.of_type("comm_open") if m["content"]["data"]["state"].get("_model_name") == "TabModel"]
     assert list(tab["data"]["state"]["titles"]) == ["rank 1 · waiting"] and tab["data"]["state"]["selected_index"] == 0
-    titles = [m["content"]["data"]["state"]["titles"] for m in run.of_type("comm_msg") if m["content"]["comm_id"] == tab["comm_id"] and "titles" in m["content"]["data"].get("state", {})]
+    titles = [
+        m["content"]["data"]["state"]["titles"]
+        for m in run.of_type("comm_msg")
+        if m["content"]["comm_id"] == tab["comm_id"] and "titles" in m["content"]["data"].get("state", {})
+    ]
     assert titles[0] == ["rank 1 · running"] and titles[-1] == ["rank 1 · done"]  # running before any output: the worker is up
     (final,) = run.of_type("update_display_data")
     plain = final["content"]["data"]["text/plain"]
@@ -116,7 +123,9 @@ def test_restart_gives_fresh_workers_with_empty_namespaces(workers: Kernel) -> N
 def test_an_interrupt_stops_the_cell_and_keeps_the_workers_and_their_namespaces(workers: Kernel) -> None:
     ok(workers, "%%distributed\nkept = state.process_index + 40")
     pids = worker_pids(workers)
-    run = workers.execute("%%distributed\nimport time\nprint('sleeping', flush=True)\ntime.sleep(30)", interrupt_on=lambda out: out.count("sleeping") == 2, timeout=20)
+    run = workers.execute(
+        "%%distributed\nimport time\nprint('sleeping', flush=True)\ntime.sleep(30)", interrupt_on=lambda out: out.count("sleeping") == 2, timeout=20
+    )
     assert run.status == "error" and run.error["ename"] == "KeyboardInterrupt"
     assert run.elapsed < scaled(5)
     assert worker_pids(workers) == pids
@@ -178,7 +187,10 @@ def test_state_on_the_workers_is_nbaccels_partial_state(workers: Kernel) -> None
 
 
 def test_free_collects_garbage_on_every_rank_and_says_what_each_freed(workers: Kernel) -> None:
-    ok(workers, "%%distributed\nclass Cycle:\n    def __init__(self):\n        self.me, self.payload = self, bytearray(2**20)\nfor _ in range(64):\n    Cycle()")
+    ok(
+        workers,
+        "%%distributed\nclass Cycle:\n    def __init__(self):\n        self.me, self.payload = self, bytearray(2**20)\nfor _ in range(64):\n    Cycle()",
+    )
     lines = ok(workers, "%distributed free").stdout.splitlines()
     assert lines[0].split() == ["rank", "resident", "gpu", "cache", "objects", "collected"]
     for rank, line in enumerate(lines[1:]):

@@ -36,7 +36,9 @@ def test_a_timed_out_cell_names_each_ranks_cell_line(kernel: Kernel) -> None:
 def test_workers_stacks_on_demand(kernel: Kernel) -> None:
     assert kernel.execute("import nbaccel; pool = nbaccel.start_workers(2)").status == "ok"
     try:
-        run = kernel.execute("import time\nfor _ in range(100):\n    s = [x.summary for x in pool.stacks()]\n    if all('idle' in x for x in s): break\n    time.sleep(0.05)\nprint(s)")
+        run = kernel.execute(
+            "import time\nfor _ in range(100):\n    s = [x.summary for x in pool.stacks()]\n    if all('idle' in x for x in s): break\n    time.sleep(0.05)\nprint(s)"
+        )
         assert "rank 0: idle, waiting for the next cell" in run.stdout and "rank 1: idle" in run.stdout
     finally:
         assert kernel.execute("pool.stop()").status == "ok"

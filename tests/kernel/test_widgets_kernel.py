@@ -227,9 +227,7 @@ def test_auto_picks_widgets_once_a_frontend_opens_the_widget_control_comm(tmp_pa
     with running_kernel(env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path)}) as k:
         assert k.execute(PICK).stdout == "RichTextSink\n"  # nbaccel is loaded and watching from here on
         comm_id = uuid.uuid4().hex
-        opening = k.client.session.msg(
-            "comm_open", {"comm_id": comm_id, "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"}
-        )
+        opening = k.client.session.msg("comm_open", {"comm_id": comm_id, "target_name": "jupyter.widget.control", "data": {}}, metadata={"version": "1.0.0"})
         k.client.shell_channel.send(opening)  # what JupyterLab's widget manager does when it (re)connects
         asking = k.client.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "request_states"}})
         k.client.shell_channel.send(asking)
@@ -259,12 +257,7 @@ def test_a_spawned_launch_shows_rich_output_too(kernel: Kernel) -> None:
     assert any(o.get("data", {}).get("text/markdown") == "**from a fresh interpreter**" for o in outputs), json.dumps(outputs)[:500]
 
 
-SLEEPY = (
-    "import nbaccel, time\n"
-    "def sleepy():\n"
-    "    print('started', flush=True)\n"
-    "    time.sleep(60)\n"
-)
+SLEEPY = "import nbaccel, time\ndef sleepy():\n    print('started', flush=True)\n    time.sleep(60)\n"
 
 
 Moment = Callable[[list[dict[str, Any]]], bool]

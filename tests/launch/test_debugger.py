@@ -93,7 +93,9 @@ def test_without_stdin_a_breakpoint_is_one_line_and_the_rank_goes_on() -> None:
     sink = CollectingSink()  # no kernel here: kernel_stdin() finds none
     assert nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, output=sink) == [8, 18]
     said = [line for line in sink.text(1) if "passed a breakpoint" in line]
-    assert said == [f"nbaccel: rank 1 passed a breakpoint at {__file__}, line {stop_on_rank_one.__code__.co_firstlineno + 4} without stopping: {debug_desk.NO_STDIN}"]
+    assert said == [
+        f"nbaccel: rank 1 passed a breakpoint at {__file__}, line {stop_on_rank_one.__code__.co_firstlineno + 4} without stopping: {debug_desk.NO_STDIN}"
+    ]
     assert psutil.Process().children() == []
 
 

@@ -102,12 +102,20 @@ def test_a_stuck_nccl_ranks_summary_names_its_last_collective_and_number() -> No
 
 def test_a_rank_without_a_recorder_keeps_its_plain_summary() -> None:
     files = StackFiles()
-    sleeper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    sleeper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import faulthandler, signal, time
         faulthandler.register(signal.SIGUSR2, file=open({files.path(0)!r}, "a"), all_threads=True)
         print("ready", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert sleeper.stdout.readline().strip() == "ready"
         summary = files.collect({0: sleeper.pid})[0].summary
@@ -132,7 +140,6 @@ def test_a_dump_that_names_a_class_is_refused_not_run(tmp_path) -> None:
     assert flight_recorder.describe_last(flight_recorder.read_dump(str(path)) or {}) == "last collective: nccl:all_gather #3"
     path.write_bytes(pickle.dumps({"entries": []})[:5])  # half written
     assert flight_recorder.read_dump(str(path)) is None
-
 
 
 # -- gloo: no recorder, but each rank's count of collectives ----------------------------------------

@@ -30,7 +30,9 @@ def test_fewer_ranks_than_gpus_get_the_first_ones(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize(("driver", "expected"), [("535.104.05", {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}), ("550.40.07", {})])
-def test_rtx40_guard_sets_nccl_variables_on_old_drivers(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], driver: str, expected: dict) -> None:
+def test_rtx40_guard_sets_nccl_variables_on_old_drivers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], driver: str, expected: dict
+) -> None:
     monkeypatch.setattr(plan_module.nvml, "visible_gpus", lambda: [RTX, RTX])
     monkeypatch.setattr(plan_module.nvml, "driver_version", lambda: driver)
     for name in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"):
@@ -97,10 +99,22 @@ print(json.dumps({"answers": answers, "driver": driver.driver_state().value}))
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("gpu", "expected"), [("Tesla V100-SXM2-16GB|GPU-v|7|0|", ["Tesla V100-SXM2-16GB (compute capability 7.0)", "Tesla V100", "ok", "not supported by Tesla V100"]), ("NVIDIA H200|GPU-h|9|0|", ["ok", "ok", "ok", "state ok on cuda:0"])])
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        ("Tesla V100-SXM2-16GB|GPU-v|7|0|", ["Tesla V100-SXM2-16GB (compute capability 7.0)", "Tesla V100", "ok", "not supported by Tesla V100"]),
+        ("NVIDIA H200|GPU-h|9|0|", ["ok", "ok", "ok", "state ok on cuda:0"]),
+    ],
+)
 def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: str, expected: list[str]) -> None:
     record = tmp_path / "cuinit.log"
-    env = {**os.environ, "NBACCEL_NVML_LIBRARY": str(build_fake_nvml(tmp_path)), "NBACCEL_CUDA_DRIVER_LIBRARY": str(build_fake_cuda(tmp_path)), "FAKE_CUDA_RECORD": str(record), "FAKE_NVML_GPUS": gpu}
+    env = {
+        **os.environ,
+        "NBACCEL_NVML_LIBRARY": str(build_fake_nvml(tmp_path)),
+        "NBACCEL_CUDA_DRIVER_LIBRARY": str(build_fake_cuda(tmp_path)),
+        "FAKE_CUDA_RECORD": str(record),
+        "FAKE_NVML_GPUS": gpu,
+    }
     env.pop("NBACCEL_FORK_LAUNCHED", None)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(BF16)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

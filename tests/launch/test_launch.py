@@ -19,8 +19,19 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def rank_info() -> dict:
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "NBACCEL_FORK_LAUNCHED", "FORK_LAUNCHED", "ACCELERATE_MIXED_PRECISION", "GLOO_SOCKET_IFNAME")
+    keys = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NBACCEL_FORK_LAUNCHED",
+        "FORK_LAUNCHED",
+        "ACCELERATE_MIXED_PRECISION",
+        "GLOO_SOCKET_IFNAME",
+    )
     return {"pid": os.getpid(), "ppid": os.getppid(), **{k: os.environ.get(k) for k in keys}}
 
 
@@ -307,7 +318,9 @@ def test_spawn_failures_are_reported_like_fork_failures() -> None:
         nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_waits_in_a_collective, num_processes=2, start_method="spawn")
 
 
-def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe_and_the_server_is_off(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe_and_the_server_is_off(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(plan_module, "fork_hazards", lambda: ["CUDA is already initialised in this kernel"])
     monkeypatch.setenv("NBACCEL_FORK_SERVER", "off")  # with it, tests/launch/test_fork_server.py
     results = nbaccel.notebook_launcher(all_reduce_rank, num_processes=2)
@@ -357,10 +370,7 @@ def test_two_launches_at_the_same_moment_both_work(tmp_path) -> None:
     import subprocess
 
     script = tmp_path / "launch.py"
-    script.write_text(
-        "import nbaccel, tests.launch.test_launch as t\n"
-        "print(nbaccel.notebook_launcher(t.all_reduce_rank, num_processes=2))\n"
-    )
+    script.write_text("import nbaccel, tests.launch.test_launch as t\nprint(nbaccel.notebook_launcher(t.all_reduce_rank, num_processes=2))\n")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
     outputs = [p.communicate(timeout=50)[0] for p in procs]

@@ -37,7 +37,19 @@ def test_lambdas_fall_back_to_cloudpickle() -> None:
 
 
 def test_the_stream_has_only_the_kinds_it_sends_and_an_unknown_kind_is_a_frame_error() -> None:
-    assert [kind.name for kind in events.Kind] == ["RESULT", "ERROR", "RICH", "READY", "TASK", "STOP", "IMPORTED", "PROMPT", "DEBUG_OUTPUT", "ANSWER", "DEBUG_LEFT"]
+    assert [kind.name for kind in events.Kind] == [
+        "RESULT",
+        "ERROR",
+        "RICH",
+        "READY",
+        "TASK",
+        "STOP",
+        "IMPORTED",
+        "PROMPT",
+        "DEBUG_OUTPUT",
+        "ANSWER",
+        "DEBUG_LEFT",
+    ]
     header = bytes([events.VERSION, 8]) + (0).to_bytes(8, "big")  # the old LINES kind
     with pytest.raises(FrameError, match="unknown event kind 8"):
         events.FrameDecoder().feed(header)

@@ -78,7 +78,9 @@ def test_the_summary_names_the_rank_doing_twice_the_work_and_the_merged_trace_ha
     assert "<svg" in shown.bundles[-1]["text/html"] and "<rect" in shown.bundles[-1]["text/html"]  # the timeline picture
 
 
-def test_profile_true_writes_into_the_launch_log_folder_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_profile_true_writes_into_the_launch_log_folder_and_says_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("NBACCEL_LOG_DIR", str(tmp_path))
     assert nbaccel.notebook_launcher(uneven_work, args=(1,), num_processes=2, output="text", profile=True) == [0, 1]
     merged = list(tmp_path.glob("*/trace.json"))

@@ -38,4 +38,3 @@ def test_every_rank_is_sampled_about_once_a_second_and_its_peak_lands_in_its_out
     for rank in (0, 1):  # the outcome keeps the most it held: at least every sample, and what it allocated
         assert peaks[rank] is not None and peaks[rank] >= max(s["rss"] for s in samples[rank]) >= (100 + 100 * rank) * 2**20
     assert set(threading.enumerate()) == threads  # sampling runs on the loop's clock: no thread
-

@@ -76,12 +76,16 @@ def running_server() -> object:
 
 
 @pytest.mark.parametrize("hazard", [CUDA, GROUP], ids=["cuda", "process_group"])
-def test_what_no_fork_survives_starts_from_the_fork_server_when_there_is_one(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], running_server, hazard: str) -> None:
+def test_what_no_fork_survives_starts_from_the_fork_server_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], running_server, hazard: str
+) -> None:
     assert isinstance(decide(monkeypatch, [hazard], "auto", server="eager"), fork_server.ServerStarter)
     assert f"nbaccel: {hazard}; starting the ranks from nbaccel's fork server (" in capsys.readouterr().out
 
 
-def test_the_openmp_pool_starts_from_a_running_fork_server_else_one_thread(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], running_server) -> None:
+def test_the_openmp_pool_starts_from_a_running_fork_server_else_one_thread(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], running_server
+) -> None:
     assert isinstance(decide(monkeypatch, [OPENMP], "auto", server="eager"), fork_server.ServerStarter)
     assert "starting the ranks from nbaccel's fork server" in capsys.readouterr().out
     starter = decide(monkeypatch, [OPENMP], "fork", server="eager")  # fork asked for: one thread

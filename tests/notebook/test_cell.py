@@ -193,11 +193,7 @@ def test_a_cell_runs_in_a_fresh_interpreter_and_its_traceback_shows_its_lines() 
     """What a spawned rank (or a remote worker) does: unpickle, run, format the traceback."""
     namespace = {"__name__": "__main__", "limit": 2, "square": lambda v: v * v}
     cell = compile_cell("values = [square(v) for v in range(3)]\nif max(values) > limit:\n    raise RuntimeError(values)", namespace, header="%%distributed")
-    child = (
-        "import pickle, sys, traceback\n"
-        "cell = pickle.loads(sys.stdin.buffer.read())\n"
-        "try:\n    cell()\nexcept RuntimeError:\n    traceback.print_exc()\n"
-    )
+    child = "import pickle, sys, traceback\ncell = pickle.loads(sys.stdin.buffer.read())\ntry:\n    cell()\nexcept RuntimeError:\n    traceback.print_exc()\n"
     done = subprocess.run([sys.executable, "-c", child], input=cloudpickle.dumps(cell), capture_output=True, timeout=scaled(20))
     err = done.stderr.decode()
     assert f'"{cell.filename}", line 4, in {FUNCTION_NAME}' in err

@@ -58,12 +58,7 @@ def test_state_is_nbaccels_partial_state_on_every_rank_and_a_cell_that_ignores_i
 
 
 def test_a_cell_that_makes_its_own_group_first_still_gets_a_working_state(ip: InteractiveShell) -> None:
-    cell = (
-        "%%distributed -n 2 --text -o seen\n"
-        "import torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "(state.num_processes, state.process_index)"
-    )
+    cell = "%%distributed -n 2 --text -o seen\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n(state.num_processes, state.process_index)"
     result = ip.run_cell(cell, store_history=True)
     assert result.success, result.error_in_exec
     assert ip.user_ns["seen"] == [(2, 0), (2, 1)]

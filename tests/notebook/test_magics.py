@@ -187,7 +187,18 @@ def test_help_lists_every_option(ip: InteractiveShell, capsys: pytest.CaptureFix
     ip.run_cell("%%distributed?")
     text = capsys.readouterr().out
     assert "%%distributed [-n N]" in text
-    for option in ("--num-processes N", "--gpus", "--cpu", "--mixed-precision", "--start-method", "--timeout SECONDS", "--max-restarts K", "--out NAME", "--text", "--widgets"):
+    for option in (
+        "--num-processes N",
+        "--gpus",
+        "--cpu",
+        "--mixed-precision",
+        "--start-method",
+        "--timeout SECONDS",
+        "--max-restarts K",
+        "--out NAME",
+        "--text",
+        "--widgets",
+    ):
         assert option in text, option
     assert "state" in text and "last expression" in text
 

@@ -47,8 +47,30 @@ def test_each_help_describes_every_option_once() -> None:
     assert option_lines(cell_help) == [o.flags[0] for o in (*LAUNCH_OPTIONS, *CELL_OPTIONS)]
     assert cell_help.lstrip(":\n ").startswith("%%distributed [-n N]")
     workers_help = pool_commands.help_text()
-    cluster = ["--via", "--hosts", "--nproc-per-node", "--agent", "--ssh-config", "--ssh-option", "--nodes", "--gpus-per-node", "--time", "--partition", "--sbatch-option", "--token-dir", "--wait-timeout", "-o"]
-    assert option_lines(workers_help) == [*(o.flags[0] for o in LAUNCH_OPTIONS), "--wait-for", "--rank", "--rank", "-o", *cluster]  # start's, restart's, debug's, pull's, cluster's
+    cluster = [
+        "--via",
+        "--hosts",
+        "--nproc-per-node",
+        "--agent",
+        "--ssh-config",
+        "--ssh-option",
+        "--nodes",
+        "--gpus-per-node",
+        "--time",
+        "--partition",
+        "--sbatch-option",
+        "--token-dir",
+        "--wait-timeout",
+        "-o",
+    ]
+    assert option_lines(workers_help) == [
+        *(o.flags[0] for o in LAUNCH_OPTIONS),
+        "--wait-for",
+        "--rank",
+        "--rank",
+        "-o",
+        *cluster,
+    ]  # start's, restart's, debug's, pull's, cluster's
 
 
 def test_stall_report_takes_seconds_or_off() -> None:

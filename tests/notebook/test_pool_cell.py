@@ -35,7 +35,16 @@ def test_names_the_cell_assigns_persist_in_the_namespace_for_the_next_cell() -> 
 
 @pytest.mark.parametrize(
     ("source", "expected"),
-    [("6 * 7", 42), ("x = 6\nx * 7", 42), ("x = 6; x * 7", 42), ("(6 *\n 7)  # c", 42), ("x = 42", None), ("for i in range(2):\n    i", None), ("", None), ("# c", None)],
+    [
+        ("6 * 7", 42),
+        ("x = 6\nx * 7", 42),
+        ("x = 6; x * 7", 42),
+        ("(6 *\n 7)  # c", 42),
+        ("x = 42", None),
+        ("for i in range(2):\n    i", None),
+        ("", None),
+        ("# c", None),
+    ],
 )
 def test_the_last_expression_is_the_value(source: str, expected: object) -> None:
     assert compile_pool_cell(source)({}) == expected

@@ -73,7 +73,20 @@ def test_wrong_input_is_a_one_line_usage_error(ip: InteractiveShell, started: St
 def test_help_explains_every_command_and_option(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_cell("%distributed?")
     text = capsys.readouterr().out
-    for words in ("start", "stop", "restart", "status", "push", "pull", "--num-processes N", "--gpus", "--mixed-precision", "--start-method", "--rank R", "--out TARGET"):
+    for words in (
+        "start",
+        "stop",
+        "restart",
+        "status",
+        "push",
+        "pull",
+        "--num-processes N",
+        "--gpus",
+        "--mixed-precision",
+        "--start-method",
+        "--rank R",
+        "--out TARGET",
+    ):
         assert words in text, words
 
 
@@ -218,7 +231,9 @@ def test_ranks_without_workers_is_a_usage_error_and_nothing_starts(ip: Interacti
     assert launches == []
 
 
-def test_a_one_shot_launch_says_so_once_and_again_after_workers_stop(ip: InteractiveShell, started: Starts, launches: Launches, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_one_shot_launch_says_so_once_and_again_after_workers_stop(
+    ip: InteractiveShell, started: Starts, launches: Launches, capsys: pytest.CaptureFixture[str]
+) -> None:
     magics_of(ip).workers.mode = None  # a fresh session
     cell(ip, "%%distributed -n 2\n1")
     assert notices(capsys) == ["nbaccel: no workers running; one-shot launch of 2 ranks"]
@@ -240,7 +255,9 @@ def test_a_syntax_error_on_workers_is_raised_in_the_kernel_and_nothing_runs(ip: 
     assert pool.calls == []
 
 
-def test_nbaccel_quiet_silences_the_notices_not_the_answers(ip: InteractiveShell, started: Starts, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nbaccel_quiet_silences_the_notices_not_the_answers(
+    ip: InteractiveShell, started: Starts, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("NBACCEL_QUIET", "1")
     magics_of(ip).workers.mode = None
     cell(ip, "%%distributed -n 2\n1")  # would say "one-shot launch"

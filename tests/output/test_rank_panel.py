@@ -19,8 +19,18 @@ def _text(panel: RankPanel) -> list[str]:
 
 
 def _progress(bar: int, n: float, total: float | None, closed: bool = False, leave: bool = True) -> dict:
-    return {"type": "progress", "bar": bar, "n": n, "total": total, "left": f"step: {n}", "right": f"{n}/{total}",
-            "text": f"step {n}/{total}", "closed": closed, "leave": leave, "failed": False}
+    return {
+        "type": "progress",
+        "bar": bar,
+        "n": n,
+        "total": total,
+        "left": f"step: {n}",
+        "right": f"{n}/{total}",
+        "text": f"step {n}/{total}",
+        "closed": closed,
+        "leave": leave,
+        "failed": False,
+    }
 
 
 def test_lines_stay_in_order_across_chunks_and_streams(comms: CommLog) -> None:

@@ -8,8 +8,18 @@ from nbaccel.output.text import RichTextSink
 
 
 def _bar(n: float, total: float | None, closed: bool = False, leave: bool = True, bar: int = 0) -> dict:
-    return {"type": "progress", "bar": bar, "n": n, "total": total, "left": "", "right": "",
-            "text": f"train {n}/{total}", "closed": closed, "leave": leave, "failed": False}
+    return {
+        "type": "progress",
+        "bar": bar,
+        "n": n,
+        "total": total,
+        "left": "",
+        "right": "",
+        "text": f"train {n}/{total}",
+        "closed": closed,
+        "leave": leave,
+        "failed": False,
+    }
 
 
 def test_a_bar_of_a_thousand_updates_prints_a_few_states_and_its_final_one() -> None:
@@ -19,8 +29,14 @@ def test_a_bar_of_a_thousand_updates_prints_a_few_states_and_its_final_one() -> 
         sink.event(0, _bar(n, 1000))
     sink.event(0, _bar(1000, 1000, closed=True))
     lines = out.getvalue().splitlines()
-    assert lines == ["[rank 0] train 0/1000", "[rank 0] train 250/1000", "[rank 0] train 500/1000",
-                     "[rank 0] train 750/1000", "[rank 0] train 1000/1000", "[rank 0] train 1000/1000"]
+    assert lines == [
+        "[rank 0] train 0/1000",
+        "[rank 0] train 250/1000",
+        "[rank 0] train 500/1000",
+        "[rank 0] train 750/1000",
+        "[rank 0] train 1000/1000",
+        "[rank 0] train 1000/1000",
+    ]
 
 
 def test_milestones_are_throttled_in_time_too() -> None:

@@ -39,7 +39,6 @@ def _sink(publisher: FakePublisher, tmp_path: Path, clock: FakeClock | None = No
     return _MADE[-1]
 
 
-
 def _tab(comms: CommLog):
     (tab,) = comms.of("TabModel")
     return tab
@@ -54,7 +53,7 @@ def _titles(comms: CommLog) -> list[str]:
 def test_the_launch_shows_one_widget_with_rank_0_first_and_selected(comms: CommLog, publisher: FakePublisher, tmp_path: Path) -> None:
     sink = _sink(publisher, tmp_path)
     sink.launch_started(4, attempt=0)
-    (kind, bundle, _), = publisher.calls
+    ((kind, bundle, _),) = publisher.calls
     assert kind == "show"
     assert bundle[WIDGET_VIEW_MIME]["model_id"] == sink.live.view.root.model_id
     assert "text/plain" in bundle
@@ -79,7 +78,9 @@ OUTCOMES = [
 
 
 @pytest.mark.parametrize(("outcome", "title", "chip"), OUTCOMES, ids=[f"{o[0].status.name}-{o[1].split('(')[-1].rstrip(')')}" for o in OUTCOMES])
-def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publisher: FakePublisher, tmp_path: Path, outcome: RankOutcome, title: str, chip: str) -> None:
+def test_chip_and_tab_title_say_how_a_rank_ended_in_words(
+    comms: CommLog, publisher: FakePublisher, tmp_path: Path, outcome: RankOutcome, title: str, chip: str
+) -> None:
     sink = _sink(publisher, tmp_path)
     sink.launch_started(2, attempt=0)
     sink.event(1, {"type": "started", "pid": 1})
@@ -89,7 +90,11 @@ def test_chip_and_tab_title_say_how_a_rank_ended_in_words(comms: CommLog, publis
     chip_html = sink.live.view.chips[1].value
     assert chip in chip_html.replace("&#x27;", "'")
     if outcome.is_failure:
-        assert sink.live.view.banner.value and f"rank 1 {chip.split('· ', 1)[1]}" in sink.live.view.banner.value.replace("&#x27;", "'") or "ValueError: boom" in sink.live.view.banner.value
+        assert (
+            sink.live.view.banner.value
+            and f"rank 1 {chip.split('· ', 1)[1]}" in sink.live.view.banner.value.replace("&#x27;", "'")
+            or "ValueError: boom" in sink.live.view.banner.value
+        )
     sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
     assert sink.tick_in() == 0.0
     sink.tick()
@@ -149,8 +154,31 @@ def test_the_end_replaces_the_widget_by_a_static_view_rank_0_first_and_closes_th
     sink.launch_started(3, attempt=0)
     for rank in (2, 1, 0):  # arrival order does not decide the order shown
         sink.output(rank, "stdout", [f"hello from {rank}"])
-    sink.event(0, {"type": "display", "data": {"text/html": "<table><tr><td>df</td></tr></table>", "text/plain": "df"}, "metadata": {}, "display_id": None, "update": False})
-    sink.event(0, {"type": "progress", "bar": 0, "n": 10, "total": 10, "left": "train: 100%", "right": "10/10", "text": "train: 100%|##########| 10/10", "closed": True, "leave": True, "failed": False})
+    sink.event(
+        0,
+        {
+            "type": "display",
+            "data": {"text/html": "<table><tr><td>df</td></tr></table>", "text/plain": "df"},
+            "metadata": {},
+            "display_id": None,
+            "update": False,
+        },
+    )
+    sink.event(
+        0,
+        {
+            "type": "progress",
+            "bar": 0,
+            "n": 10,
+            "total": 10,
+            "left": "train: 100%",
+            "right": "10/10",
+            "text": "train: 100%|##########| 10/10",
+            "closed": True,
+            "leave": True,
+            "failed": False,
+        },
+    )
     sink.rank_finished(RankOutcome(2, Status.FAILED, exitcode=1, error=ERROR))
     sink.rank_finished(RankOutcome(1, Status.STOPPED, signal=15))
     sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
@@ -220,7 +248,9 @@ def test_many_launches_leave_no_widgets_behind(publisher: FakePublisher, tmp_pat
     assert len(_instances) == before
 
 
-def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(
+    comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sink = _sink(publisher, tmp_path)
     sink.launch_started(2, attempt=0)
     sink.output(0, "stdout", ["shown in the widget"])
@@ -237,7 +267,9 @@ def test_a_broken_view_never_breaks_the_launch_the_rest_goes_out_as_text(comms: 
     assert lines == ["[rank 1] after the failure", "[rank 0] still text"]
 
 
-def test_a_view_that_breaks_in_a_tick_falls_back_to_text_and_its_logs_go_on(comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_view_that_breaks_in_a_tick_falls_back_to_text_and_its_logs_go_on(
+    comms: CommLog, publisher: FakePublisher, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     clock = FakeClock()
     sink = _sink(publisher, tmp_path, clock)
     sink.launch_started(1, attempt=0)

@@ -84,7 +84,20 @@ def test_a_rank_has_torchruns_whole_worker_environment_and_no_interactive_shell(
         torchrun_names = set(by_torchrun[rank]) - NOT_GIVEN
         assert torchrun_names - set(seen["env"]) == set()
         assert set(TORCHRUN_VARIABLES) <= torchrun_names | {"TORCHELASTIC_USE_AGENT_STORE"}  # the list in rank_env is torchrun's
-        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        for name in (
+            "RANK",
+            "LOCAL_RANK",
+            "GROUP_RANK",
+            "ROLE_RANK",
+            "ROLE_NAME",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "ROLE_WORLD_SIZE",
+            "GROUP_WORLD_SIZE",
+            "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        ):
             assert seen["env"][name] == by_torchrun[rank][name], name
         assert (seen["elastic"], seen["ps1"], seen["builtins"], seen["flag"]) == (True, False, [], False)
     assert ranks[0]["env"]["TORCHELASTIC_RUN_ID"] == ranks[1]["env"]["TORCHELASTIC_RUN_ID"]

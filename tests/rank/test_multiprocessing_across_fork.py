@@ -143,4 +143,6 @@ def test_a_hanging_atexit_handler_is_bounded_and_said_in_one_line(monkeypatch: p
     assert time.monotonic() - started < scaled(30)
     for rank in (0, 1):
         said = [line for line in sink.text(rank, "stderr") if "exit handlers" in line]
-        assert said == ["nbaccel: the rank's exit handlers (atexit, multiprocessing) still ran after 1 s (NBACCEL_EXIT_TIMEOUT); exiting without waiting for them"]
+        assert said == [
+            "nbaccel: the rank's exit handlers (atexit, multiprocessing) still ran after 1 s (NBACCEL_EXIT_TIMEOUT); exiting without waiting for them"
+        ]

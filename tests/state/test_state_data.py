@@ -83,7 +83,7 @@ def test_nested_loaders_restore_the_outer_one_and_break_unregisters():
 
 def test_batches_can_be_moved_to_the_device():
     loader = prepare_data_loader(DataLoader([(torch.ones(2), 1)], batch_size=1), put_on_device=True)
-    (features, labels), = list(loader)
+    ((features, labels),) = list(loader)
     assert features.device.type in ("cpu", "cuda") and labels.tolist() == [1]
 
 

@@ -44,8 +44,7 @@ def test_attributes_on_every_rank(world):
     n, _ = world
     for rank, got in enumerate(seen(world, "attributes")):
         assert got.pop("repr") == (
-            f"Distributed environment: MULTI_CPU  Backend: gloo\nNum processes: {n}\n"
-            f"Process index: {rank}\nLocal process index: {rank}\nDevice: cpu\n"
+            f"Distributed environment: MULTI_CPU  Backend: gloo\nNum processes: {n}\nProcess index: {rank}\nLocal process index: {rank}\nDevice: cpu\n"
         )
         assert got == {
             "num_processes": n,
@@ -274,8 +273,14 @@ def torchrun_style() -> dict:
         changed = "no error"
     except ValueError as exc:
         changed = str(exc)
-    seen = {"type": state.distributed_type.value, "n": state.num_processes, "index": state.process_index,
-            "fork_launched": state.fork_launched, "sum": total.item(), "changed_kwargs": changed}
+    seen = {
+        "type": state.distributed_type.value,
+        "n": state.num_processes,
+        "index": state.process_index,
+        "fork_launched": state.fork_launched,
+        "sum": total.item(),
+        "changed_kwargs": changed,
+    }
     state.wait_for_everyone()
     state.destroy_process_group()  # not fork launched: really destroys
     seen["initialized_after_destroy"] = dist.is_initialized()
@@ -304,8 +309,14 @@ def user_group() -> dict:
         refused = str(exc)
     state = PartialState()
     state.wait_for_everyone()
-    return {"refused": refused, "same_group": dist.group.WORLD is world, "n": state.num_processes,
-            "index": state.process_index, "backend": state.backend, "type": state.distributed_type.value}
+    return {
+        "refused": refused,
+        "same_group": dist.group.WORLD is world,
+        "n": state.num_processes,
+        "index": state.process_index,
+        "backend": state.backend,
+        "type": state.distributed_type.value,
+    }
 
 
 def test_a_group_the_user_created_is_used():
@@ -437,8 +448,13 @@ def ddp_alone(request_cpu: str) -> dict:
         for name in ("ACCELERATE_USE_CPU", "NBACCEL_DEVICE_TYPE"):
             os.environ.pop(name)
     state = PartialState(cpu=request_cpu == "argument")
-    seen = {"type": state.distributed_type.value, "backend": state.backend, "n": state.num_processes,
-            "group": dist.is_initialized(), "use_distributed": state.use_distributed}
+    seen = {
+        "type": state.distributed_type.value,
+        "backend": state.backend,
+        "n": state.num_processes,
+        "group": dist.is_initialized(),
+        "use_distributed": state.use_distributed,
+    }
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(nn.Linear(2, 1))
         model(torch.ones(3, 2)).sum().backward()  # the gradients' all-reduce, on the group of one

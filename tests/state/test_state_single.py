@@ -164,7 +164,16 @@ def test_every_index_zero_decorator_runs_and_returns_its_value():
         state.on_local_process(local_process_idx=0)(lambda: "lp0 idx"),
     ]
     assert [f() for f in decorated] == [
-        "main", "main()", "local", "local()", "last", "last()", "p0", "p0 direct", "lp0", "lp0 idx",
+        "main",
+        "main()",
+        "local",
+        "local()",
+        "last",
+        "last()",
+        "p0",
+        "p0 direct",
+        "lp0",
+        "lp0 idx",
     ]
 
 
@@ -397,7 +406,6 @@ def test_reset_all_states_resets_the_three_states():
 
 def test_errors_are_nbaccel_errors():
     assert issubclass(StateResetError, NbaccelError) and issubclass(StateResetError, AttributeError)
-
 
 
 def test_device_id_binds_an_nccl_group_to_the_rank_gpu():

@@ -16,15 +16,27 @@ def test_nothing_launched_reads_as_one_process():
 
 
 def test_a_launchers_variables_are_read():
-    env = LaunchEnvironment.read({
-        "WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "NBACCEL_DEVICE_TYPE": "cpu",
-        "ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "fp16",
-    })
+    env = LaunchEnvironment.read(
+        {
+            "WORLD_SIZE": "8",
+            "RANK": "5",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "4",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29511",
+            "NBACCEL_DEVICE_TYPE": "cpu",
+            "ACCELERATE_USE_CPU": "true",
+            "ACCELERATE_MIXED_PRECISION": "fp16",
+        }
+    )
     assert (env.world_size, env.rank, env.local_rank, env.local_world_size) == (8, 5, 1, 4)
     assert env.is_distributed and env.local_index(5) == 1
     assert (env.master_addr, env.master_port, env.device_type, env.use_cpu, env.mixed_precision) == (
-        "127.0.0.1", "29511", "cpu", True, "fp16",
+        "127.0.0.1",
+        "29511",
+        "cpu",
+        True,
+        "fp16",
     )
 
 

@@ -63,7 +63,10 @@ def test_push_and_pull_move_big_values_by_memfd_to_every_worker() -> None:
     try:
         big = torch.arange(MIB, dtype=torch.float64)
         pool.push(w=big, a=np.arange(MIB // 4, dtype=np.float32))
-        assert pool.run_task(lambda ns: (ns["w"].sum().item(), float(ns["a"].sum()))) == [(big.sum().item(), float(np.arange(MIB // 4, dtype=np.float32).sum()))] * 2
+        assert (
+            pool.run_task(lambda ns: (ns["w"].sum().item(), float(ns["a"].sum())))
+            == [(big.sum().item(), float(np.arange(MIB // 4, dtype=np.float32).sum()))] * 2
+        )
         pulled = pool.pull("w", rank=1)
         assert torch.equal(pulled, big)
         assert memfds_open() == []

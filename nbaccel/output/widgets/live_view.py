@@ -204,4 +204,3 @@ def chip_html(rank: int, state: RankState, resources: str | None = None) -> str:
 
 def _clock_html(text: str) -> str:
     return f"<span style='color:#5f6368;font-size:12px'>{html.escape(text)}</span>"
-

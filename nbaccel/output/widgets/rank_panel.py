@@ -149,8 +149,12 @@ class RankPanel:
     @property
     def has_changes(self) -> bool:
         return bool(
-            self._bars_changed or self._failure_dirty or self._retired or self._retired_bars
-            or any(b.dirty for b in self.blocks) or any(b.dirty for b in self.bars.values())
+            self._bars_changed
+            or self._failure_dirty
+            or self._retired
+            or self._retired_bars
+            or any(b.dirty for b in self.blocks)
+            or any(b.dirty for b in self.bars.values())
         )
 
     # -- pushing to the widgets ------------------------------------------------------------------
@@ -280,7 +284,9 @@ def failure_outputs(outcome: RankOutcome) -> list[dict[str, Any]]:
     error = outcome.error
     headline = failure_headline(outcome)
     if error is not None and error.traceback:
-        return [{"output_type": "error", "ename": error.type_name, "evalue": error.message, "traceback": [headline, *error.traceback.rstrip("\n").splitlines()]}]
+        return [
+            {"output_type": "error", "ename": error.type_name, "evalue": error.message, "traceback": [headline, *error.traceback.rstrip("\n").splitlines()]}
+        ]
     return [{"output_type": "stream", "name": "stderr", "text": headline + "\n"}]
 
 

@@ -260,9 +260,13 @@ class LiveViewSink:
             return str(path) if path is not None else None
 
         return LaunchView(
-            num_processes, attempt, log_dir=str(folder) if folder is not None else None,
+            num_processes,
+            attempt,
+            log_dir=str(folder) if folder is not None else None,
             log_files=log_file if folder is not None else None,
-            max_lines=self.max_lines, max_displays=self.max_displays, ranks=ranks,
+            max_lines=self.max_lines,
+            max_displays=self.max_displays,
+            ranks=ranks,
         )
 
     def _finish(self, outcomes: list[RankOutcome] | None = None) -> None:
