@@ -167,11 +167,32 @@ describe('the workers panel', () => {
       return answers.shift() ?? false;
     });
     comm.deliver(status({ ...idle, state: 'busy', cell: 3, busy_seconds: 1 }));
-    const rows = Array.from(panel.node.querySelectorAll('tbody tr')).map(r => Array.from(r.children).map(c => c.textContent));
+    const rows = Array.from(panel.node.querySelectorAll('tbody tr')).map(r =>
+      Array.from(r.children).map(c => c.textContent)
+    );
     expect(rows[1]).toEqual(['1', '1001', 'cpu', 'idle', '—', '300 MiB', '—', '—', '[7]']); // an older kernel: no cpu, peak
-    comm.deliver(status({ ...idle, ranks: idle.ranks.map(r => ({ ...r, cpu_percent: 97.4, peak_host_memory: 400 * 1024 * 1024, gpu_memory: 2 ** 30, gpu_reserved: 2 ** 31, gpu_device_used: 3 * 2 ** 30 })) }));
-    const sampled = Array.from(panel.node.querySelectorAll('tbody tr')).map(r => Array.from(r.children).map(c => c.textContent));
-    expect(sampled[1].slice(4, 8)).toEqual(['97%', '300 MiB', '400 MiB', `${bytesWords(2 ** 30)} (${bytesWords(2 ** 31)} reserved, ${bytesWords(3 * 2 ** 30)} on device)`]);
+    comm.deliver(
+      status({
+        ...idle,
+        ranks: idle.ranks.map(r => ({
+          ...r,
+          cpu_percent: 97.4,
+          peak_host_memory: 400 * 1024 * 1024,
+          gpu_memory: 2 ** 30,
+          gpu_reserved: 2 ** 31,
+          gpu_device_used: 3 * 2 ** 30
+        }))
+      })
+    );
+    const sampled = Array.from(panel.node.querySelectorAll('tbody tr')).map(r =>
+      Array.from(r.children).map(c => c.textContent)
+    );
+    expect(sampled[1].slice(4, 8)).toEqual([
+      '97%',
+      '300 MiB',
+      '400 MiB',
+      `${bytesWords(2 ** 30)} (${bytesWords(2 ** 31)} reserved, ${bytesWords(3 * 2 ** 30)} on device)`
+    ]);
     comm.deliver(status({ ...idle, state: 'busy', cell: 3, busy_seconds: 1 }));
     const button = (action: string) => panel.node.querySelector<HTMLButtonElement>(`[data-action="${action}"]`)!;
     await panel.ask('stop');

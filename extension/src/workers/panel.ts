@@ -31,8 +31,8 @@ const COLUMNS: [string, (rank: IRankInfo) => string][] = [
 function gpuWords(r: IRankInfo): string {
   const allocated = bytesWords(r.gpu_memory);
   const more = [
-    r.gpu_reserved != null ? `${bytesWords(r.gpu_reserved)} reserved` : null,
-    r.gpu_device_used != null ? `${bytesWords(r.gpu_device_used)} on device` : null
+    typeof r.gpu_reserved === 'number' ? `${bytesWords(r.gpu_reserved)} reserved` : null,
+    typeof r.gpu_device_used === 'number' ? `${bytesWords(r.gpu_device_used)} on device` : null
   ].filter(Boolean);
   return more.length ? `${allocated} (${more.join(', ')})` : allocated;
 }
