@@ -47,7 +47,7 @@ _LINGER = 3.0  # a rank that reported its own error gets this long to exit by it
 
 def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> dict[str, str]:
     """The environment of one rank, as torchrun would set it, plus nbaccel's own variables."""
-    env = rank_environment(
+    return rank_environment(
         rank=spec["first_rank"] + local_rank,
         world_size=spec["world_size"],
         master_port=spec["master_port"],
@@ -62,18 +62,9 @@ def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> di
         restart_count=spec["attempt"],
         max_restarts=spec["max_restarts"],
         visible_gpus=spec.get("gpus"),
+        # Unknown (an IPv6 link, say): loopback would be wrong across nodes, so "" lets gloo choose.
+        socket_interface=interface or "",
     )
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        chosen = os.environ.get(name) or interface  # the user's choice, else the cluster's interface
-        if chosen:
-            env[name] = chosen
-        else:  # unknown (an IPv6 link, say): loopback would be wrong across nodes; let gloo choose
-            env.pop(name, None)
-    env.update(
-        NBACCEL_NODE_RANK=str(spec["node_rank"]),
-        NBACCEL_NUM_NODES=str(spec["nnodes"]),
-    )
-    return env
 
 
 def _logs_specs() -> Any:
