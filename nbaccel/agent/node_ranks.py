@@ -29,7 +29,6 @@ from nbaccel.launch import warm
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
-from nbaccel.rank.stack_dump import STACK_SIGNAL
 from nbaccel.wire import events, rich
 from nbaccel.wire.rank_env import rank_environment
 
@@ -224,15 +223,7 @@ class NodeRanks:
         }
         if self._stack_files is None or not running:
             return {}
-        for rank, pid in running.items():
-            with open(self._stack_files.path(rank), "w"):
-                pass  # truncate: the rank writes its next dump from the start
-            try:
-                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
-            except ProcessLookupError:
-                pass
-        # StackFiles' own wait for whole dumps; the summaries are made in the kernel, which has the cells' source.
-        return self._stack_files._read_settled(running, time.monotonic() + timeout)
+        return self._stack_files.dumps(running, timeout)  # summarised in the kernel, which has the cells' source
 
     def signal_ranks(self, ranks: list[int], sig: int) -> None:
         """Send ``sig`` to the given global ranks of this node now (a pool's interrupt)."""
