@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster
 from nbaccel.agent.node import EXIT_REFUSED, EXIT_UNREACHABLE
 from nbaccel.agent.signing import new_secret, write_token_file
 from tests.agent.harness import agent_argv, start_agents, stop_agents

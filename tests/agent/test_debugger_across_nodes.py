@@ -10,8 +10,7 @@ import os
 
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.launch.test_debugger import ScriptedStdin, stdin  # noqa: F401 - the fixture

@@ -13,8 +13,7 @@ import time
 import psutil
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import agent_argv, descendants, start_agents, stop_agents, wait_until

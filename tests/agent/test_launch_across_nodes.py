@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, LaunchTimeoutError, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
-from nbaccel.errors import LaunchTimeoutError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import interrupt_main_thread
 

@@ -8,8 +8,7 @@ import threading
 import psutil
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, open_fds, wait_until

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from nbaccel import PoolStoppedError, notebook_launcher, start_workers
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, PoolStoppedError, notebook_launcher, start_workers
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, interrupt_main_thread, wait_until

@@ -13,8 +13,7 @@ import time
 import psutil
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.link import cluster_id
 from nbaccel.agent.signing import new_secret, read_token, seal
 from nbaccel.testing import CollectingSink

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import nbaccel
-from nbaccel.agent.cluster import AgentStartError, Cluster
+from nbaccel import Cluster
+from nbaccel.agent.cluster import AgentStartError
 from nbaccel.agent.cluster_group import layout
 from nbaccel.agent.starters import AgentStart, check_starts
 from nbaccel.testing import CollectingSink, scaled

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import nbaccel
-from nbaccel.errors import RankFailedError
+from nbaccel import RankFailedError
 from nbaccel.launch import fork_server, spawn
 from nbaccel.testing import mark_fork_safe, mark_not_fork_safe, scaled
 from tests.kernel_harness import alive, wait_until

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbaccel.errors import PreflightError
+from nbaccel import PreflightError
 from nbaccel.launch import fork_server
 from nbaccel.launch import plan as plan_module
 from nbaccel.launch.fork import ForkStarter

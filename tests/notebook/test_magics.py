@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbaccel
-from nbaccel.errors import PreflightError, RankFailedError
+from nbaccel import PreflightError, RankFailedError
 from nbaccel.notebook.cell import Cell
 from nbaccel.notebook.magics import CellSyntaxError, DistributedMagics
 from nbaccel.testing import nbaccel_frames

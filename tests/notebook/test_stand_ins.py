@@ -7,8 +7,8 @@ import inspect
 import pytest
 
 import nbaccel
+from nbaccel import WorkerPool
 from nbaccel.notebook.magics import DistributedMagics, register
-from nbaccel.pool import WorkerPool
 from tests.notebook.stand_ins import FakePool, Launches, Starts
 
 

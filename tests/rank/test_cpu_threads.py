@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
+from nbaccel import notebook_launcher
 from nbaccel.launch.openmp import openmp_pool_started
-from nbaccel.launcher import notebook_launcher
 from nbaccel.rank.cpu_threads import threads_per_rank
 
 pytestmark = pytest.mark.timeout(90)

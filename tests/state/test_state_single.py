@@ -16,9 +16,9 @@ from nbaccel import (
     GradientAccumulationPlugin,
     GradientState,
     InitProcessGroupKwargs,
+    NbaccelError,
     PartialState,
 )
-from nbaccel.errors import NbaccelError
 from nbaccel.state import StateResetError, reset_all_states
 
 
