@@ -1,4 +1,7 @@
-"""The kernel's Cluster and the agent's command line: addresses, token, joining, refusals."""
+"""The kernel's Cluster and the agent's command line: addresses, token, joining, refusals.
+
+Imports internals (agent, agent.node, agent.signing): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 Two agents on loopback (tests/agent/conftest.py), 2 ranks each; the kernel's stdin is stood in for
 by a scripted one (tests/launch/test_debugger.py), the real one is in tests/kernel.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

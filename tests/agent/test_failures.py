@@ -1,4 +1,7 @@
-"""What ends a launch across nodes from outside: a node killed, the kernel killed."""
+"""What ends a launch across nodes from outside: a node killed, the kernel killed.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

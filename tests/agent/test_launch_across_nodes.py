@@ -1,4 +1,7 @@
-"""Launches on two agents on loopback (each a "node" of 2 ranks): values, environment, output, errors."""
+"""Launches on two agents on loopback (each a "node" of 2 ranks): values, environment, output, errors.
+
+Imports internals (agent.remote, output.widgets.sink, wire.rank_env): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Fifty launches across two nodes leave no process, thread, fd, listening port or temp file behind."""
+"""Fifty launches across two nodes leave no process, thread, fd, listening port or temp file behind.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Persistent workers across two loopback agents: one process group, namespaces that stay."""
+"""Persistent workers across two loopback agents: one process group, namespaces that stay.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Nothing reaches pickle unless it is signed, fresh and for the running launch.
 
 Each payload here would create a file when unpickled: the file must never appear.
+
+Imports internals (agent.link, agent.signing): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The fork server: ranks forked from it when the kernel is not fork-safe, exits relayed, no orphan."""
+"""The fork server: ranks forked from it when the kernel is not fork-safe, exits relayed, no orphan.
+
+Imports internals (launch): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

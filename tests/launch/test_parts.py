@@ -1,4 +1,7 @@
-"""Unit tests of the launcher's parts: frames, lines, root cause, environment, rendezvous."""
+"""Unit tests of the launcher's parts: frames, lines, root cause, environment, rendezvous.
+
+Imports internals (agent, agent.cluster_group, errors, launch.lines, launch.outcome, launch.preflight, launch.rendezvous, output.choose, output.sinks, wire, wire.rank_env): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

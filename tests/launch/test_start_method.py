@@ -2,6 +2,8 @@
 
 The hazards come from the real detectors elsewhere (tests/devices, the OpenMP test below and the
 kernel tier); here each state is set by hand so every decision is checked on every run.
+
+Imports internals (launch, launch.fork, launch.preflight, launch.spawn): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

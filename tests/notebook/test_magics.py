@@ -1,4 +1,7 @@
-"""%%distributed in a real (terminal-less) IPython shell: options, errors, results, loading."""
+"""%%distributed in a real (terminal-less) IPython shell: options, errors, results, loading.
+
+Imports internals (notebook.cell, notebook.magics): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

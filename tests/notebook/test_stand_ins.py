@@ -1,4 +1,7 @@
-"""The stand-ins the magic tests use stay equal to what they stand for (contract tests)."""
+"""The stand-ins the magic tests use stay equal to what they stand for (contract tests).
+
+Imports internals (notebook.magics): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The per-rank bundle (application/vnd.nbaccel.ranks+json) built from real launch views:
-valid against its JSON schema, stored by nbformat as JSON, and saying each rank's end in words."""
+valid against its JSON schema, stored by nbformat as JSON, and saying each rank's end in words.
+
+Imports internals (launch.outcome, output.status_words, output.widgets.bundle, output.widgets.live_view, output.widgets.sink, output.widgets.static_view): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

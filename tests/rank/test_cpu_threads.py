@@ -1,4 +1,7 @@
-"""Each rank of a launch sizes torch's thread pool for its share of the cores."""
+"""Each rank of a launch sizes torch's thread pool for its share of the cores.
+
+Imports internals (launch.openmp, rank.cpu_threads): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
