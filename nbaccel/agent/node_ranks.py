@@ -34,7 +34,7 @@ from nbaccel.wire.rank_env import rank_environment
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
 
-# (delay, signal) per reason the kernel gives, as on one node (nbaccel.supervisor.STOP_PLANS).
+# (delay, signal) per reason the kernel gives, as on one node (nbaccel.launch.one_shot.STOP_PLANS).
 STOP_PLANS = {
     "stopped": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
     "timed out": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
