@@ -42,8 +42,8 @@ class RankReport(Protocol):
     def describe(self) -> str:
         """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
 
-    def headline(self) -> str:
-        """Why it failed, in one line: 'rank 1 failed: ValueError: boom'."""
+    def headline(self, node: str = "") -> str:
+        """Why it failed, in one line: 'rank 1 failed: ValueError: boom' ('rank 1 on <node> failed...')."""
 
 
 class NbaccelError(Exception):

@@ -3,6 +3,8 @@
 Sphinx builds docs/ (MyST pages, the API reference from the docstrings, the example notebooks as
 saved, never executed) with warnings as errors, as CI does: a broken docstring, a dangling
 toctree entry or a notebook that does not parse fails here.
+
+Imports nbaccel.state: the reference must name every name of the state's own __all__ too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""scripts/gpu-check's plumbing, here without a GPU: results.json, the table, skips with reasons, failures contained."""
+"""scripts/gpu-check's plumbing, here without a GPU: results.json, the table, skips with reasons, failures contained.
+
+Imports internals (devices): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -48,3 +48,35 @@ def test_docstring_examples_run() -> None:
     run = _run("pytest", "--doctest-modules", "nbaccel", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest")
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr
     assert " passed" in run.stdout, run.stdout[-2000:]
+
+
+def _layer_rows(text: str) -> dict[str, str]:
+    """The rows of docs/architecture.md's layer table: folder ('agent', ... or '' for root) -> its text."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| `nbaccel/"):
+            rows[line.split("`")[1].removeprefix("nbaccel/").strip("/")] = line
+        elif line.startswith("| root |"):
+            rows[""] = line
+    return rows
+
+
+def test_the_architecture_map_names_every_module() -> None:
+    """Every file of the package is on docs/architecture.md's map, in its own layer's row, by name.
+
+    A subpackage's ``__init__.py`` is only its marker (the layer's row is the folder itself);
+    the built JupyterLab extension is not source.
+    """
+    rows = _layer_rows((ROOT / "docs" / "architecture.md").read_text())
+    package = ROOT / "nbaccel"
+    missing = []
+    for path in sorted(package.rglob("*")):
+        relative = path.relative_to(package)
+        if not path.is_file() or relative.parts[0] in ("labextension", "__pycache__") or path.suffix not in (".py", ".json") or "__pycache__" in relative.parts:
+            continue
+        if path.name == "__init__.py" and len(relative.parts) > 1:
+            continue
+        layer = relative.parts[0] if len(relative.parts) > 1 else ""
+        if f"`{path.name}`" not in rows.get(layer, "") and f"`{relative.relative_to(layer) if layer else relative}`" not in rows.get(layer, ""):
+            missing.append(str(relative))
+    assert not missing, f"not on docs/architecture.md's map (add each to its layer's row): {missing}"

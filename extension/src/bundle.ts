@@ -31,6 +31,8 @@ export interface IOutput {
 /** How a rank ended, in words: `kind` picks the colour, the words say it without colour. */
 export interface IRankStatus {
   kind: 'waiting' | 'running' | 'done' | 'failed' | 'stopped';
+  /** The kind's symbol as the kernel draws it; a bundle from before it carried one lacks it. */
+  symbol?: string;
   short: string;
   long: string;
   exception?: string | null;
@@ -42,6 +44,8 @@ export interface IRankEntry {
   rank: number;
   status: IRankStatus;
   elapsed?: number | null;
+  /** `elapsed` in the kernel's words ('1.5 s'); a bundle from before it carried them lacks it. */
+  elapsed_words?: string | null;
   node?: string | null;
   failure?: IOutput | null;
   progress?: string[];
@@ -87,7 +91,21 @@ export function readBundle(value: unknown): IRanksBundle {
   return { ...bundle, ranks: [...bundle.ranks].sort((a, b) => a.rank - b.rank) };
 }
 
+// For bundles written before they carried the kernel's symbols (nbaccel/output/status_words.py).
 const SYMBOL: Record<string, string> = { waiting: '○', running: '●', done: '✓', failed: '✗', stopped: '■' };
+
+/** The status symbol: the kernel's, else this renderer's table for an older bundle. */
+export function statusSymbol(entry: IRankEntry): string {
+  return entry.status.symbol ?? SYMBOL[entry.status.kind] ?? '';
+}
+
+/** How long the rank ran: the kernel's words, else worded here for an older bundle. */
+export function durationWords(entry: IRankEntry): string | null {
+  if (typeof entry.elapsed_words === 'string') {
+    return entry.elapsed_words;
+  }
+  return typeof entry.elapsed === 'number' ? elapsedWords(entry.elapsed) : null;
+}
 
 export function isFailed(entry: IRankEntry): boolean {
   return entry.status.kind === 'failed';
@@ -95,14 +113,14 @@ export function isFailed(entry: IRankEntry): boolean {
 
 /** The tab's label: a failed rank's says so in words ('✗ rank 1 · failed (ValueError)'). */
 export function tabLabel(entry: IRankEntry): string {
-  const marker = isFailed(entry) ? '✗ ' : '';
+  const marker = isFailed(entry) ? `${statusSymbol(entry)} ` : '';
   return `${marker}rank ${entry.rank} · ${entry.status.short}`;
 }
 
 /** A chip's words: symbol, rank, the long status, the node and time when known. */
 export function chipLabel(entry: IRankEntry): string {
-  const symbol = SYMBOL[entry.status.kind] ?? '';
-  const extra = [entry.node, typeof entry.elapsed === 'number' ? elapsedWords(entry.elapsed) : null].filter(Boolean);
+  const symbol = statusSymbol(entry);
+  const extra = [entry.node, durationWords(entry)].filter(Boolean);
   const tail = extra.length ? ` (${extra.join(', ')})` : '';
   return `${symbol} rank ${entry.rank} · ${entry.status.long}${tail}`.trim();
 }
@@ -125,7 +143,7 @@ export function droppedWords(entry: IRankEntry): string {
   return `… ${parts.join(' and ')} not shown${where}`;
 }
 
-/** '0.4 s', '12 s', '3 min 05 s', '1 h 02 min' (the kernel's words for a duration). */
+/** '0.4 s', '12 s', '3 min 05 s', '1 h 02 min' (the kernel's words for a duration; for older bundles). */
 export function elapsedWords(seconds: number): string {
   if (seconds < 10) {
     return `${seconds.toFixed(1)} s`;

@@ -34,6 +34,7 @@ from nbaccel.agent.inbox import Item, LaunchInbox
 from nbaccel.agent.link import new_nonce
 from nbaccel.errors import PreflightError
 from nbaccel.launch.outcome import Status, with_cell_names
+from nbaccel.launch.pipes import LAST_LINES
 from nbaccel.launch.rendezvous import LoopbackRendezvous
 from nbaccel.launch.seam import Launcher, LaunchPlan
 from nbaccel.launch.stacks import RankStack, summarise, without_launch_frames
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop
 
 _INBOX_ORDER = (-1, 0)
-_LAST_LINES = 20
 _CLOSE_GRACE = 3.0  # close(): how long nodes get to report their ranks ended before we give up
 LOST_CODE = -signal.SIGKILL  # the exit status a lost node's ranks are given
 
@@ -102,7 +102,7 @@ class ClusterRankGroup:
         self.slot_of = {rank: slot for slot in slots for rank in slot.ranks}
         self._codes: dict[int, int] = {}
         self._signalled: set[int] = set()
-        self._lines: dict[int, deque[str]] = {rank: deque(maxlen=_LAST_LINES) for rank in self.slot_of}
+        self._lines: dict[int, deque[str]] = {rank: deque(maxlen=LAST_LINES) for rank in self.slot_of}
         self._loop: EventLoop | None = None
         self._closed = False
         self._deferred: list[Item] = []  # set aside while stacks() waited for its answers

@@ -26,28 +26,19 @@ from typing import Any
 from nbaccel.agent import protocol
 from nbaccel.agent.rank_entry import run_remote_rank
 from nbaccel.launch import warm
+from nbaccel.launch.escalation import LINGER, STOP_PLANS, Escalation
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
-from nbaccel.rank.stack_dump import STACK_SIGNAL
 from nbaccel.wire import events, rich
 from nbaccel.wire.rank_env import rank_environment
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
 
-# (delay, signal) per reason the kernel gives, as on one node (nbaccel.supervisor.STOP_PLANS).
-STOP_PLANS = {
-    "stopped": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
-    "timed out": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
-    "interrupted": [(0.0, signal.SIGINT), (2.0, signal.SIGTERM), (3.5, signal.SIGKILL)],
-    "closing": [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
-}
-_LINGER = 3.0  # a rank that reported its own error gets this long to exit by itself
-
 
 def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> dict[str, str]:
     """The environment of one rank, as torchrun would set it, plus nbaccel's own variables."""
-    env = rank_environment(
+    return rank_environment(
         rank=spec["first_rank"] + local_rank,
         world_size=spec["world_size"],
         master_port=spec["master_port"],
@@ -62,18 +53,9 @@ def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> di
         restart_count=spec["attempt"],
         max_restarts=spec["max_restarts"],
         visible_gpus=spec.get("gpus"),
+        # Unknown (an IPv6 link, say): loopback would be wrong across nodes, so "" lets gloo choose.
+        socket_interface=interface or "",
     )
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        chosen = os.environ.get(name) or interface  # the user's choice, else the cluster's interface
-        if chosen:
-            env[name] = chosen
-        else:  # unknown (an IPv6 link, say): loopback would be wrong across nodes; let gloo choose
-            env.pop(name, None)
-    env.update(
-        NBACCEL_NODE_RANK=str(spec["node_rank"]),
-        NBACCEL_NUM_NODES=str(spec["nnodes"]),
-    )
-    return env
 
 
 def _logs_specs() -> Any:
@@ -113,7 +95,7 @@ class NodeRanks:
         self.exited: set[int] = set()
         self._context: Any = None
         self._stack_files: StackFiles | None = None
-        self._signals: list[tuple[float, int, list[int]]] = []
+        self._escalation = Escalation(self._send_each)  # the stop's timed signals, as on one node
         self._sampler: ResourceSampler | None = None  # this node's ranks, sampled here and sent as RICH events
 
     @property
@@ -233,15 +215,7 @@ class NodeRanks:
         }
         if self._stack_files is None or not running:
             return {}
-        for rank, pid in running.items():
-            with open(self._stack_files.path(rank), "w"):
-                pass  # truncate: the rank writes its next dump from the start
-            try:
-                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
-            except ProcessLookupError:
-                pass
-        # StackFiles' own wait for whole dumps; the summaries are made in the kernel, which has the cells' source.
-        return self._stack_files._read_settled(running, time.monotonic() + timeout)
+        return self._stack_files.dumps(running, timeout)  # summarised in the kernel, which has the cells' source
 
     def signal_ranks(self, ranks: list[int], sig: int) -> None:
         """Send ``sig`` to the given global ranks of this node now (a pool's interrupt)."""
@@ -253,28 +227,29 @@ class NodeRanks:
         """Signal every live rank (but ``spare``, a global rank exiting by itself) per ``reason``."""
         now = time.monotonic()
         others = [local for local in range(self.nproc) if self.first_rank + local != spare]
-        self._signals = [(now + delay, sig, others) for delay, sig in STOP_PLANS.get(reason, STOP_PLANS["stopped"])]
+        self._escalation.start(STOP_PLANS.get(reason, STOP_PLANS["stopped"]), others, now=now)
         if spare is not None and 0 <= spare - self.first_rank < self.nproc:
-            self._signals.append((now + _LINGER, signal.SIGKILL, [spare - self.first_rank]))
-        self._signals.sort(key=lambda entry: entry[0])
+            self._escalation.start([(LINGER, signal.SIGKILL)], [spare - self.first_rank], keep=True, now=now)
         self.on_clock(now)
 
     def next_signal_at(self) -> float | None:
         """The next moment this wants the agent's clock: a timed signal, or the next sample."""
-        moments = [self._signals[0][0]] if self._signals else []
+        due = self._escalation.next_at()
+        moments = [due] if due is not None else []
         if self._sampler is not None and not self.done:
             moments.append(self._sampler.due())
         return min(moments) if moments else None
 
     def on_clock(self, now: float) -> None:
-        while self._signals and self._signals[0][0] <= now:
-            _, sig, targets = self._signals.pop(0)
-            for local in targets:
-                self._send(local, sig)
+        self._escalation.fire(now)
         if self._sampler is not None and now >= self._sampler.due():
             running = [self.first_rank + local for local in range(len(self.processes)) if local not in self.exited]
             for rank, sample in self._sampler.sample(now, running).items():  # the kernel's sink shows them as a local rank's
                 self._emit(protocol.FRAME, raw=protocol.pack_frame(rank, int(events.Kind.RICH), events.dumps(rich.resources_event(sample))))
+
+    def _send_each(self, sig: int, locals_: list[int]) -> None:
+        for local in locals_:
+            self._send(local, sig)
 
     def _send(self, local: int, sig: int) -> None:
         proc = self.processes[local]

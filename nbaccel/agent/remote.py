@@ -37,9 +37,8 @@ class NodeRankFailedError(RankFailedError):
         super().__init__(root, outcomes)
 
     def _headline(self, root: RankReport) -> str:  # type: ignore[override]
-        headline = RankFailedError._headline(root)
-        where = getattr(self, "where", {}).get(root.rank)
-        return headline.replace(f"rank {root.rank} ", f"rank {root.rank} on {where} ", 1) if where else headline
+        # Called from RankFailedError.__init__, after ``where`` is set; the outcome words it.
+        return root.headline(node=getattr(self, "where", {}).get(root.rank, ""))
 
     def _render_traceback_(self) -> list[str]:
         lines = self.report().splitlines()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from nbaccel.launch import warm
 from nbaccel.launch.debug_desk import DEBUG_KINDS, DebugDesk
+from nbaccel.launch.escalation import Escalation, StopPlan
 from nbaccel.launch.outcome import RankOutcome, Status, last_line, record_answer, record_exit
 from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.seam import RankGroup, Sink
@@ -102,7 +103,7 @@ class EventLoop:
         self.stall_report = stall_report  # seconds without output after which stacks are shown once
         self._last_activity = time.monotonic()
         self._stall_shown = False
-        self._signals: list[tuple[float, int, list[int]]] = []  # (when, signal, ranks)
+        self._escalation = Escalation(lambda sig, ranks: self.group.signal(sig, ranks))  # timed signals to ranks
         self._desk: DebugDesk | None = None  # made at a rank's first debugger prompt
         self._held_since: float | None = None  # a rank is in the debugger: the clocks stand still
         self._selector = selectors.DefaultSelector()
@@ -146,7 +147,7 @@ class EventLoop:
                 if key.fd in self._selector.get_map():  # an earlier handler may have dropped it
                     key.data[1]()
             now = time.monotonic()
-            self._fire_signals(now)
+            self._escalation.fire(now)
             self._check_deadline(now)
             self._check_stall(now)
             self._sample(now)
@@ -158,7 +159,7 @@ class EventLoop:
                 self._desk.on_clock(now)
 
     def _wait_time(self) -> float | None:
-        moments = [when for when, _, _ in self._signals[:1]]
+        moments = [when for when in (self._escalation.next_at(),) if when is not None]
         held = self._held_since is not None
         desk_due = self._desk.wake_at() if self._desk is not None else None
         sample_due = self.sampler.due() if self.sampler is not None else None
@@ -293,24 +294,10 @@ class EventLoop:
         self.stop_reason = reason
         return True
 
-    def escalate(self, plan: Iterable[tuple[float, int]], ranks: Iterable[int] | None = None, keep: bool = False) -> None:
+    def escalate(self, plan: StopPlan, ranks: Iterable[int] | None = None, keep: bool = False) -> None:
         """Send each (delay, signal) of ``plan`` in turn to ``ranks`` (default every rank);
         replaces any escalation under way unless ``keep``."""
-        start = time.monotonic()
-        chosen = list(range(self.group.num_processes) if ranks is None else ranks)
-        if not keep:
-            self._signals = []
-        for delay, sig in plan:
-            if delay <= 0:
-                self.group.signal(sig, chosen)
-            else:
-                self._signals.append((start + delay, sig, chosen))
-        self._signals.sort(key=lambda entry: entry[0])
-
-    def _fire_signals(self, now: float) -> None:
-        while self._signals and self._signals[0][0] <= now:
-            _, sig, ranks = self._signals.pop(0)
-            self.group.signal(sig, ranks)
+        self._escalation.start(plan, range(self.group.num_processes) if ranks is None else ranks, keep=keep)
 
 
 def sampler_for(group: RankGroup) -> ResourceSampler | None:

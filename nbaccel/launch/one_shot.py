@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from nbaccel.errors import LaunchTimeoutError, RankFailedError
+from nbaccel.launch.escalation import LINGER, STOP_PLANS
 from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
@@ -25,20 +26,12 @@ from nbaccel.launch.seam import Launcher, LaunchPlan, Sink
 from nbaccel.wire import events
 from nbaccel.wire.job import Job
 
-# (delay from the start of a stop, signal): how each kind of stop escalates.
-STOP_PLANS = {
-    Status.STOPPED: [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
-    Status.TIMED_OUT: [(0.0, signal.SIGTERM), (1.0, signal.SIGKILL)],
-    Status.INTERRUPTED: [(0.0, signal.SIGINT), (2.0, signal.SIGTERM), (3.5, signal.SIGKILL)],
-}
-
 _STOP_WHY = {
     Status.STOPPED: "stopped because another rank failed",
     Status.TIMED_OUT: "stopped at the timeout",
     Status.INTERRUPTED: "interrupted",
 }
 
-_LINGER = 3.0  # seconds a rank that reported its error may take to exit by itself
 # Seconds every rank may take, once all returned, to leave its process group and exit. Gloo and a
 # healthy NCCL take well under a second; a stuck NCCL teardown would wait for its watchdog (10 min).
 TEARDOWN_BOUND = 10.0
@@ -154,9 +147,9 @@ class OneShot(Policy):
         loop.collect_stacks([rank for rank in loop.running() if rank != spare], _STOP_WHY[reason])
         if spare is not None:
             _let_go(loop, spare)
-        loop.escalate(STOP_PLANS[reason], [rank for rank in loop.ranks if rank != spare])
+        loop.escalate(STOP_PLANS[reason.value], [rank for rank in loop.ranks if rank != spare])
         if spare is not None:
-            loop.escalate([(_LINGER, signal.SIGKILL)], [spare], keep=True)
+            loop.escalate([(LINGER, signal.SIGKILL)], [spare], keep=True)
 
 
 def _let_go(loop: EventLoop, rank: int) -> None:

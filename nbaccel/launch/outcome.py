@@ -95,9 +95,9 @@ class RankOutcome:
         """One line, for summaries: 'rank 1: failed (ValueError: boom)'."""
         return f"rank {self.rank}: {status_words(self).summary}"
 
-    def headline(self) -> str:
+    def headline(self, node: str = "") -> str:
         """Why it failed, in one line (``failure_headline``): what ``RankFailedError`` says first."""
-        return failure_headline(self)
+        return failure_headline(self, node)
 
     @property
     def is_failure(self) -> bool:
@@ -220,14 +220,20 @@ def _died_words(outcome: RankOutcome) -> StatusWords:
     return StatusWords("failed", f"failed (exit {outcome.exitcode})", f"failed: {exited}", exited)
 
 
-def failure_headline(outcome: RankOutcome) -> str:
+def failure_headline(outcome: RankOutcome, node: str = "") -> str:
     """One line that says why a failed rank failed: 'rank 1 failed: ValueError: boom'.
 
-    It heads ``RankFailedError``, a failed rank's panel and the widget view's banner.
+    It heads ``RankFailedError``, a failed rank's panel and the widget view's banner. ``node``
+    (a cluster's words for where the rank ran) follows the rank: 'rank 3 on node 1 (...) failed'.
+
+    Example:
+        >>> failure_headline(RankOutcome(rank=3, status=Status.SIGNALED, signal=9), "node 1")
+        'rank 3 on node 1 failed: killed by SIGKILL'
     """
+    who = f"rank {outcome.rank} on {node}" if node else f"rank {outcome.rank}"
     if outcome.status is Status.FAILED and outcome.error is not None:
-        return f"rank {outcome.rank} failed: {outcome.error.headline()}"
-    return f"rank {outcome.rank} {status_words(outcome).long}"
+        return f"{who} failed: {outcome.error.headline()}"
+    return f"{who} {status_words(outcome).long}"
 
 
 def signal_words(signum: int) -> str:

@@ -30,7 +30,7 @@ from nbaccel.wire.job import ChildEnds
 LinesTo = Callable[[int, str, list[str]], None]  # (rank, stream, lines): where whole lines go
 
 _READ_SIZE = 1 << 20
-_LAST_LINES = 20
+LAST_LINES = 20  # the output lines a failed rank's report quotes (a cluster's too)
 _F_SETPIPE_SZ = 1031  # Linux: a bigger pipe means fewer wake-ups for chatty ranks and big results
 
 
@@ -44,7 +44,7 @@ class RankPipes:
         self.channel = channel_fd
         self.commands = commands  # the write end of the rank's command pipe (persistent workers)
         self.shared = shared  # the kernel's end of the rank's fd socket: memfds of big values
-        self.last_lines: collections.deque[str] = collections.deque(maxlen=_LAST_LINES)
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
         self._splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
         self._decoder = events.FrameDecoder(shared)
 

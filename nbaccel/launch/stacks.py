@@ -167,13 +167,7 @@ class StackFiles:
 
         A rank that ends meanwhile (it may have been exiting already) is not waited for.
         """
-        for rank, pid in pids.items():
-            with open(self.path(rank), "w"):
-                pass  # truncate: the rank appends its next dump from the start
-            try:
-                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
-            except ProcessLookupError:
-                pass
+        self._request(pids)
         recording = [rank for rank in pids if flight_recorder.request_dump(self.folder, rank)]  # NCCL ranks only
         counting = [rank for rank in pids if rank not in recording and _ask_count(self.path(rank))]
         texts = self._read_settled(pids, time.monotonic() + timeout)
@@ -181,6 +175,23 @@ class StackFiles:
         notes = self._counts(counting, time.monotonic() + _COUNT_WAIT)
         notes.update(self._last_collectives(recording, time.monotonic() + _RECORDER_WAIT))
         return {rank: _answer(rank, text, notes.get(rank)) for rank, text in texts.items()}
+
+    def dumps(self, pids: dict[int, int], timeout: float = 1.0) -> dict[int, str]:
+        """Signal each rank in ``pids`` and return the text each dumped, as it dumped it.
+
+        For a node agent: the kernel, which has the cells' source, makes the summaries.
+        """
+        self._request(pids)
+        return self._read_settled(pids, time.monotonic() + timeout)
+
+    def _request(self, pids: dict[int, int]) -> None:
+        for rank, pid in pids.items():
+            with open(self.path(rank), "w"):
+                pass  # truncate: the rank appends its next dump from the start
+            try:
+                os.kill(pid, STACK_SIGNAL)  # the rank alone, never its process group
+            except ProcessLookupError:
+                pass
 
     def _counts(self, ranks: list[int], deadline: float) -> dict[int, str]:
         """'7 collectives issued' (on the default group) for each rank whose answering thread replied in time (a group)."""

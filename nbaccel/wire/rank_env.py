@@ -23,6 +23,8 @@ from nbaccel.wire import flight_recorder
 
 # Variables the state reads. Kept here so the launcher and the state agree on one spelling.
 FORK_LAUNCHED = "NBACCEL_FORK_LAUNCHED"  # "1" when nbaccel forked this process; it owns teardown
+NODE_RANK = "NBACCEL_NODE_RANK"  # which node of a cluster this rank runs on ("0" on one machine)
+NUM_NODES = "NBACCEL_NUM_NODES"
 DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda" or "cpu": what the launcher chose for the ranks
 MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Accelerator() sees it too
 ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
@@ -72,11 +74,15 @@ def rank_environment(
     max_restarts: int = 0,
     visible_gpus: Sequence[int] | None = None,
     inherited: Mapping[str, str] | None = None,
+    socket_interface: str | None = None,
 ) -> dict[str, str]:
     """Environment variables for one rank of a launch (only the ones nbaccel sets).
 
     ``inherited`` is the environment the rank starts from (default: this process's); variables
-    the user already set there for the socket interface are respected. ``run_id`` is one name
+    the user already set there for the socket interface are respected. Otherwise gloo and NCCL
+    use ``socket_interface``: None (a one-node launch) means this machine's loopback; a node of a
+    cluster passes the interface that holds its address towards the cluster, or "" when it does
+    not know it (an IPv6 link, say), which leaves the choice to gloo. ``run_id`` is one name
     for the whole launch, the same on every rank and across restarts, as torchrun's ``--rdzv-id``
     (whose default is also "none").
     """
@@ -105,6 +111,8 @@ def rank_environment(
         # torchrun turns NCCL's async error handling on unless the user chose otherwise.
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": inherited.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         FORK_LAUNCHED: "1",
+        NODE_RANK: str(node_rank),
+        NUM_NODES: str(num_nodes),
         ACCELERATE_FORK_LAUNCHED: "1",
         DEVICE_TYPE: device_type,
         MIXED_PRECISION: mixed_precision,
@@ -116,9 +124,11 @@ def rank_environment(
         env[flight_recorder.BUFFER_VARIABLE] = flight_recorder.BUFFER_DEFAULT
     if visible_gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = _physical_devices(visible_gpus, inherited.get("CUDA_VISIBLE_DEVICES"))
-    loopback = loopback_interface()
+    interface = loopback_interface() if socket_interface is None else socket_interface
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        env[name] = inherited.get(name, loopback)
+        chosen = inherited.get(name) or interface  # the user's choice first
+        if chosen:
+            env[name] = chosen
     return env
 
 

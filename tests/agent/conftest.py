@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster
 from tests.agent.harness import start_agents, stop_agents
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster
 
 
 def agent_argv(address: str, token_file: str | None, nproc: int | None = 2) -> list[str]:

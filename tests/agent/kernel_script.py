@@ -10,8 +10,7 @@ import sys
 import threading
 import time
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.testing import CollectingSink
 
 

@@ -12,8 +12,7 @@ import sys
 import threading
 import time
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.cluster_group import layout
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink

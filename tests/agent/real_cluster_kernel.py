@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import nbaccel
-from nbaccel.agent.cluster import AgentStartError, Cluster
+from nbaccel import Cluster
+from nbaccel.agent.cluster import AgentStartError
 from nbaccel.agent.cluster_group import layout
 from nbaccel.agent.remote_pool import NodeLostPoolError
 from nbaccel.testing import CollectingSink

@@ -1,4 +1,7 @@
-"""The kernel's Cluster and the agent's command line: addresses, token, joining, refusals."""
+"""The kernel's Cluster and the agent's command line: addresses, token, joining, refusals.
+
+Imports internals (agent, agent.node, agent.signing): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster
 from nbaccel.agent.node import EXIT_REFUSED, EXIT_UNREACHABLE
 from nbaccel.agent.signing import new_secret, write_token_file
 from tests.agent.harness import agent_argv, start_agents, stop_agents

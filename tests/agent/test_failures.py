@@ -1,4 +1,7 @@
-"""What ends a launch across nodes from outside: a node killed, the kernel killed."""
+"""What ends a launch across nodes from outside: a node killed, the kernel killed.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,7 @@ import time
 import psutil
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import agent_argv, descendants, start_agents, stop_agents, wait_until

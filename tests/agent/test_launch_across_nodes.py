@@ -1,4 +1,7 @@
-"""Launches on two agents on loopback (each a "node" of 2 ranks): values, environment, output, errors."""
+"""Launches on two agents on loopback (each a "node" of 2 ranks): values, environment, output, errors.
+
+Imports internals (agent.remote, output.widgets.sink, wire.rank_env): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, LaunchTimeoutError, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
-from nbaccel.errors import LaunchTimeoutError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import interrupt_main_thread
 

@@ -1,4 +1,7 @@
-"""Fifty launches across two nodes leave no process, thread, fd, listening port or temp file behind."""
+"""Fifty launches across two nodes leave no process, thread, fd, listening port or temp file behind.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,7 @@ import threading
 import psutil
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, open_fds, wait_until

@@ -1,4 +1,7 @@
-"""Persistent workers across two loopback agents: one process group, namespaces that stay."""
+"""Persistent workers across two loopback agents: one process group, namespaces that stay.
+
+Imports internals (agent.remote): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,7 @@ import time
 
 import pytest
 
-from nbaccel import PoolStoppedError, notebook_launcher, start_workers
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, PoolStoppedError, notebook_launcher, start_workers
 from nbaccel.agent.remote import NodeRankFailedError
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, interrupt_main_thread, wait_until

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,6 +1,8 @@
 """Nothing reaches pickle unless it is signed, fresh and for the running launch.
 
 Each payload here would create a file when unpickled: the file must never appear.
+
+Imports internals (agent.link, agent.signing): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import time
 import psutil
 import pytest
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel import Cluster, notebook_launcher
 from nbaccel.agent.link import cluster_id
 from nbaccel.agent.signing import new_secret, read_token, seal
 from nbaccel.testing import CollectingSink

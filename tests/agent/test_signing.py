@@ -1,4 +1,7 @@
-"""The signed transport, unit level: only authentic, fresh messages are ever decoded."""
+"""The signed transport, unit level: only authentic, fresh messages are ever decoded.
+
+Imports internals (agent.link, agent.signing): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 The real ssh and Slurm launchers are tested against real daemons in test_real_clusters.py (root);
 these run anywhere: the template launcher is ``sh``, which runs the agent here on loopback.
+
+Imports internals (agent, agent.cluster, agent.cluster_group, agent.link, agent.node, agent.signing, agent.starters): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import nbaccel
-from nbaccel.agent.cluster import AgentStartError, Cluster
+from nbaccel import Cluster
+from nbaccel.agent.cluster import AgentStartError
 from nbaccel.agent.cluster_group import layout
 from nbaccel.agent.starters import AgentStart, check_starts
 from nbaccel.testing import CollectingSink, scaled

@@ -3,6 +3,8 @@
 Each check runs in its own interpreter: a fake driver loaded into the test process would answer
 for ``libcuda.so.1`` there for good (the loader matches it by soname) and every later fork test
 would see "CUDA initialised".
+
+Imports internals (devices): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

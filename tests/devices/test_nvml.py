@@ -1,4 +1,7 @@
-"""Counting GPUs through NVML: CUDA_VISIBLE_DEVICES read as CUDA reads it, and the driver never touched."""
+"""Counting GPUs through NVML: CUDA_VISIBLE_DEVICES read as CUDA reads it, and the driver never touched.
+
+Imports internals (devices.nvml): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 Run by ``scripts/gpu-check``. The test process itself must never initialise CUDA: every rank
 is forked from it, and a fork after CUDA is initialised breaks (the spawn fallback test makes
 its own interpreter for that reason).
+
+Imports internals (launch.preflight): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Bad input is refused with a clear error before anything forks."""
+"""Bad input is refused with a clear error before anything forks.
+
+Imports nbaccel.launch.plan (internal): the tests patch what the plan sees of the machine.
+"""
 
 from __future__ import annotations
 

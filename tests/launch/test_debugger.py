@@ -3,6 +3,8 @@
 The real kernel's stdin (input_request) is exercised in tests/kernel/test_debugger_kernel.py;
 here the desk's ``kernel_stdin`` answers from a list, so every path of the rank's debugger and
 of the desk's turns runs on real ranks without a kernel.
+
+Imports internals (launch): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ NCCL's watchdog is played by a real child process that does what torch's DumpPip
 ``<prefix><rank>.pipe`` read without blocking; on any byte, a pickled dump at ``<prefix><rank>``).
 The real watchdog answers in tests/gpu/test_gpu_paths.py. On gloo (real ranks below) each rank's
 own thread says how many collectives it issued.
+
+Imports internals (launch.stacks, wire, wire.rank_env): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

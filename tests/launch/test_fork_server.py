@@ -1,4 +1,7 @@
-"""The fork server: ranks forked from it when the kernel is not fork-safe, exits relayed, no orphan."""
+"""The fork server: ranks forked from it when the kernel is not fork-safe, exits relayed, no orphan.
+
+Imports internals (launch): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import psutil
 import pytest
 
 import nbaccel
-from nbaccel.errors import RankFailedError
+from nbaccel import RankFailedError
 from nbaccel.launch import fork_server, spawn
 from nbaccel.testing import mark_fork_safe, mark_not_fork_safe, scaled
 from tests.kernel_harness import alive, wait_until

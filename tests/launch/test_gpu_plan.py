@@ -1,4 +1,7 @@
-"""Plans on GPUs decided without one: which GPUs the ranks get, Accelerate's RTX 40 guard, clusters, bf16."""
+"""Plans on GPUs decided without one: which GPUs the ranks get, Accelerate's RTX 40 guard, clusters, bf16.
+
+Imports internals (agent, agent.cluster, agent.remote, devices.nvml, launch, launch.options): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 Unfreezing the kernel's heap after the last fork takes a while (a large heap): a Ctrl-C lands
 there often enough. Raised from ``gc.unfreeze`` here, so the moment is exact.
+
+Imports internals (launch.outcome, output.sinks): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Real launches: forked ranks on gloo, their output, results, failures, timeouts, interrupts."""
+"""Real launches: forked ranks on gloo, their output, results, failures, timeouts, interrupts.
+
+Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
+"""
 
 from __future__ import annotations
 

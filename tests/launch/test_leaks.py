@@ -1,4 +1,7 @@
-"""Many launches in one process leak no process, thread, fd, temp directory or port."""
+"""Many launches in one process leak no process, thread, fd, temp directory or port.
+
+Imports internals (output.choose, output.sinks): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Out of memory, named: a rank past RLIMIT_AS, a rank the OOM killer takes in a memory cgroup."""
+"""Out of memory, named: a rank past RLIMIT_AS, a rank the OOM killer takes in a memory cgroup.
+
+Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Unit tests of the launcher's parts: frames, lines, root cause, environment, rendezvous."""
+"""Unit tests of the launcher's parts: frames, lines, root cause, environment, rendezvous.
+
+Imports internals (agent, agent.cluster_group, errors, launch.lines, launch.outcome, launch.preflight, launch.rendezvous, output.choose, output.sinks, wire, wire.rank_env): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -118,6 +121,9 @@ def test_rank_environment_is_complete_and_respects_user_interface(monkeypatch: p
     assert env["GLOO_SOCKET_IFNAME"] == loopback_interface()
     env = rank_environment(rank=0, world_size=1, master_port=1, device_type="cpu", inherited={"GLOO_SOCKET_IFNAME": "eth7"})
     assert env["GLOO_SOCKET_IFNAME"] == "eth7"
+    across = rank_environment(rank=3, world_size=4, master_port=1, device_type="cpu", node_rank=1, num_nodes=2, inherited={}, socket_interface="")
+    assert "GLOO_SOCKET_IFNAME" not in across and (across["NBACCEL_NODE_RANK"], across["NBACCEL_NUM_NODES"]) == ("1", "2")
+    assert rank_environment(rank=0, world_size=1, master_port=1, device_type="cpu", inherited={}, socket_interface="eth1")["NCCL_SOCKET_IFNAME"] == "eth1"
 
 
 def test_loopback_addresses() -> None:

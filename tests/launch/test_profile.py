@@ -1,4 +1,7 @@
-"""``profile=``: real ranks on gloo under torch.profiler; the traces, the merged trace and the summary."""
+"""``profile=``: real ranks on gloo under torch.profiler; the traces, the merged trace and the summary.
+
+Imports internals (output.profile_sink, output.sinks, rank.profiling, wire): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread."""
+"""The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread.
+
+Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
+"""
 
 from __future__ import annotations
 

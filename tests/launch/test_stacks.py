@@ -1,5 +1,8 @@
 """Where is each rank? Stacks dumped by the ranks themselves when a launch is interrupted, times out,
-is stopped by a peer's failure or stalls, and on demand from persistent workers."""
+is stopped by a peer's failure or stalls, and on demand from persistent workers.
+
+Imports internals (launch.stacks): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -2,13 +2,15 @@
 
 The hazards come from the real detectors elsewhere (tests/devices, the OpenMP test below and the
 kernel tier); here each state is set by hand so every decision is checked on every run.
+
+Imports internals (launch, launch.fork, launch.preflight, launch.spawn): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from nbaccel.errors import PreflightError
+from nbaccel import PreflightError
 from nbaccel.launch import fork_server
 from nbaccel.launch import plan as plan_module
 from nbaccel.launch.fork import ForkStarter

@@ -1,6 +1,8 @@
 """Teardown after success is bounded: a rank stuck in destroy_process_group is killed and the user told (issue 14, item 14).
 
 Real ranks on gloo; rank 1's ``destroy_process_group`` blocks, as a stuck NCCL teardown would.
+
+Imports nbaccel.launch.one_shot (internal): the test shortens its TEARDOWN_BOUND.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""nbaccel.notebook.cell: a cell's source becomes a function (no IPython, no processes except one spawn check)."""
+"""nbaccel.notebook.cell: a cell's source becomes a function (no IPython, no processes except one spawn check).
+
+Imports internals (notebook.cell): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 import __future__

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbaccel.errors import RankFailedError
+from nbaccel import RankFailedError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,7 @@
-"""%%distributed in a real (terminal-less) IPython shell: options, errors, results, loading."""
+"""%%distributed in a real (terminal-less) IPython shell: options, errors, results, loading.
+
+Imports internals (notebook.cell, notebook.magics): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbaccel
-from nbaccel.errors import PreflightError, RankFailedError
+from nbaccel import PreflightError, RankFailedError
 from nbaccel.notebook.cell import Cell
 from nbaccel.notebook.magics import CellSyntaxError, DistributedMagics
 from nbaccel.testing import nbaccel_frames

@@ -1,4 +1,7 @@
-"""Each magic option is declared once: a one-shot cell and `%distributed start` share the launch options."""
+"""Each magic option is declared once: a one-shot cell and `%distributed start` share the launch options.
+
+Imports internals (notebook, notebook.magics, notebook.options): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""nbaccel.notebook.cell.compile_pool_cell and nbaccel.notebook.pool_cells: a cell for persistent workers, in-process."""
+"""nbaccel.notebook.cell.compile_pool_cell and nbaccel.notebook.pool_cells: a cell for persistent workers, in-process.
+
+Imports internals (notebook.cell, notebook.pool_cells): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 import __future__

@@ -2,6 +2,8 @@
 
 The stand-in (tests/notebook/stand_ins.FakePool) runs each task in-process, once per rank, after
 a cloudpickle round trip (as the real pool sends it), so names persist per rank as on real workers.
+
+Imports internals (notebook, notebook.magics): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The stand-ins the magic tests use stay equal to what they stand for (contract tests)."""
+"""The stand-ins the magic tests use stay equal to what they stand for (contract tests).
+
+Imports internals (notebook.magics): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ import inspect
 import pytest
 
 import nbaccel
+from nbaccel import WorkerPool
 from nbaccel.notebook.magics import DistributedMagics, register
-from nbaccel.pool import WorkerPool
 from tests.notebook.stand_ins import FakePool, Launches, Starts
 
 

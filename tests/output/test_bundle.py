@@ -1,5 +1,8 @@
 """The per-rank bundle (application/vnd.nbaccel.ranks+json) built from real launch views:
-valid against its JSON schema, stored by nbformat as JSON, and saying each rank's end in words."""
+valid against its JSON schema, stored by nbformat as JSON, and saying each rank's end in words.
+
+Imports internals (launch.outcome, output.status_words, output.widgets.bundle, output.widgets.live_view, output.widgets.sink, output.widgets.static_view): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +44,8 @@ def test_all_done_lowest_rank_first(comms: CommLog) -> None:
     assert bundle["log_dir"] == "/tmp/logs/launch-1"
     assert [r["rank"] for r in bundle["ranks"]] == [0, 1]
     zero = bundle["ranks"][0]
-    assert zero["status"] == {"kind": "done", "short": "done", "long": "done"}
+    assert zero["status"] == {"kind": "done", "symbol": "✓", "short": "done", "long": "done"}
+    assert (zero["elapsed"], zero["elapsed_words"], bundle["ranks"][1]["elapsed_words"]) == (1.2, "1.2 s", "1.1 s")
     assert (zero["elapsed"], zero["node"], zero["failure"], zero["dropped_lines"]) == (1.2, None, None, 0)
     assert zero["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "hello from rank 0\n"}]
     assert zero["log_path"] == "/tmp/logs/launch-1/rank-0.log"

@@ -2,6 +2,8 @@
 
 VS Code sends every cell's document URI (``vscode-notebook-cell:...``) as the execute_request's
 ``cellId``; the detection reads it from the request being handled.
+
+Imports internals (output): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Per-launch log folders: bounded, never pruned while a launch holds them, optional."""
+"""Per-launch log folders: bounded, never pruned while a launch holds them, optional.
+
+Imports internals (output.logdir): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

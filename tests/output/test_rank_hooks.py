@@ -1,4 +1,7 @@
-"""Rank hooks in real ranks (fork and spawn): display(), figures, tqdm and widgets become events."""
+"""Rank hooks in real ranks (fork and spawn): display(), figures, tqdm and widgets become events.
+
+Imports internals (output.sinks, rank, wire): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""One rank's panel: chunked log, cap with a notice, displays, progress bars, failure first."""
+"""One rank's panel: chunked log, cap with a notice, displays, progress bars, failure first.
+
+Imports internals (launch.outcome, output.widgets.rank_panel): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

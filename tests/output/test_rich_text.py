@@ -1,4 +1,7 @@
-"""RichTextSink: rich output as labelled text; progress bars print a handful of lines, not hundreds."""
+"""RichTextSink: rich output as labelled text; progress bars print a handful of lines, not hundreds.
+
+Imports internals (output.text): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Choosing the sink: explicit modes, NBACCEL_OUTPUT, and auto-detection of widget frontends."""
+"""Choosing the sink: explicit modes, NBACCEL_OUTPUT, and auto-detection of widget frontends.
+
+Imports internals (output, output.choose, output.sinks, output.text): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """WidgetSink without a kernel: chips and tab titles (the ranks taking part, lowest first), coalescing, static end view, logs.
 
 Time is a fake clock: a test moves it on, and calls ``tick()`` where the kernel's event loop would.
+
+Imports internals (launch.outcome, output.choose, output.sinks, output.text, output.widgets.sink): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Persistent workers through the Python API: state across calls, failures, interrupts, teardown."""
+"""Persistent workers through the Python API: state across calls, failures, interrupts, teardown.
+
+Imports internals (launch.local, launch.options, launch.plan, output.sinks): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

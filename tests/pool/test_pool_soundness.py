@@ -3,6 +3,8 @@
 Real workers on gloo: a peer failing while a rank is blocked in native code that SIGINT cannot
 interrupt (issue 14, item 4), ranks left at different collective counts (item 5), and a rank
 whose CUDA context died (item 6, with an exception that reads like CUDA's: no GPU here).
+
+Imports nbaccel.pool.task and pool.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
 """
 
 from __future__ import annotations

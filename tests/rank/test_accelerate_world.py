@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from nbaccel.launcher import notebook_launcher
+from nbaccel import notebook_launcher
 
 # Imported in the test process, so the ranks inherit it through the fork (the hook then patches
 # the rank's copy at once); the fresh-interpreter test below covers an import inside the rank.

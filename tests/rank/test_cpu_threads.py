@@ -1,4 +1,7 @@
-"""Each rank of a launch sizes torch's thread pool for its share of the cores."""
+"""Each rank of a launch sizes torch's thread pool for its share of the cores.
+
+Imports internals (launch.openmp, rank.cpu_threads): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ import textwrap
 
 import pytest
 
+from nbaccel import notebook_launcher
 from nbaccel.launch.openmp import openmp_pool_started
-from nbaccel.launcher import notebook_launcher
 from nbaccel.rank.cpu_threads import threads_per_rank
 
 pytestmark = pytest.mark.timeout(90)

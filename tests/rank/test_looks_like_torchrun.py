@@ -2,6 +2,8 @@
 
 torchrun's worker environment is read off a real ``torchrun --nproc-per-node 2`` (the venv's),
 not copied from its source: a torch that adds a variable fails the comparison.
+
+Imports internals (output.sinks, pool, wire.rank_env): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

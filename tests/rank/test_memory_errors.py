@@ -1,4 +1,7 @@
-"""Out-of-memory errors raised in a rank are worded with the rank, the device and the peak."""
+"""Out-of-memory errors raised in a rank are worded with the rank, the device and the peak.
+
+Imports internals (rank): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

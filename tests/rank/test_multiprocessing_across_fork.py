@@ -3,6 +3,8 @@
 A bare fork skipped multiprocessing's after-fork hooks and the rank's os._exit skipped its exit
 function: an inherited queue counted items get() never saw, and items put right before a rank
 returned were lost (issue 16). Each test here failed that way before rank/exit_hooks.py.
+
+Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
 """
 
 from __future__ import annotations

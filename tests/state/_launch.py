@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbaccel.launcher import notebook_launcher
+from nbaccel import notebook_launcher
 from nbaccel.testing import scaled
 
 TIMEOUT_S = 60.0  # on an idle machine; scaled on a loaded one

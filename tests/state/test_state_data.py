@@ -1,4 +1,7 @@
-"""prepare_data_loader and accumulate in one process, and the sharding arithmetic for any number."""
+"""prepare_data_loader and accumulate in one process, and the sharding arithmetic for any number.
+
+Imports internals (state.data): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Every example in the state modules' docstrings runs as written (one process)."""
+"""Every example in the state modules' docstrings runs as written (one process).
+
+Imports internals (state): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 All checks of `_rank_checks.CHECKS` run in one launch per world size; each test below reads what
 the ranks saw. A few launches of their own cover what needs a different start: torchrun's
 environment, a process group the user made, a group that disagrees with the environment.
+
+Imports internals (state, state.data, state.split): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""One process, no launch: the state behaves as the seed says, with the same validation as on many."""
+"""One process, no launch: the state behaves as the seed says, with the same validation as on many.
+
+Imports internals (state, state.default_group): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +19,9 @@ from nbaccel import (
     GradientAccumulationPlugin,
     GradientState,
     InitProcessGroupKwargs,
+    NbaccelError,
     PartialState,
 )
-from nbaccel.errors import NbaccelError
 from nbaccel.state import StateResetError, reset_all_states
 
 

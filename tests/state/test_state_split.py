@@ -1,4 +1,7 @@
-"""split_between_processes arithmetic, as pure functions over (input, num_processes, index)."""
+"""split_between_processes arithmetic, as pure functions over (input, num_processes, index).
+
+Imports internals (state.split): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Reading the launch environment and checking it against the process group (pure, no processes)."""
+"""Reading the launch environment and checking it against the process group (pure, no processes).
+
+Imports internals (state.default_group, state.launch_env): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

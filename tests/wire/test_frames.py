@@ -1,4 +1,7 @@
-"""The event stream's decoder: every split of the stream decodes the same, big payloads are not copied."""
+"""The event stream's decoder: every split of the stream decodes the same, big payloads are not copied.
+
+Imports internals (errors, wire): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

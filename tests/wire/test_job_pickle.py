@@ -1,4 +1,7 @@
-"""A launch's job as bytes: pickled once, loaded after pinning, captured CUDA tensors on the rank's device."""
+"""A launch's job as bytes: pickled once, loaded after pinning, captured CUDA tensors on the rank's device.
+
+Imports internals (launch, wire, wire.job): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

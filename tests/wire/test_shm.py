@@ -1,4 +1,7 @@
-"""Big tensors and arrays through shared memory: results, push, pull and launch arguments; nothing left."""
+"""Big tensors and arrays through shared memory: results, push, pull and launch arguments; nothing left.
+
+Imports internals (launch, wire): it tests those units directly, below the public face.
+"""
 
 from __future__ import annotations
 

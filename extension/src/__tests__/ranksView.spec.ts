@@ -80,6 +80,18 @@ describe('the rank tabs renderer', () => {
     expect(view.selectedRank).toBe(1);
   });
 
+  it("prefers the kernel's symbols and duration words the bundle carries", async () => {
+    const failed = entry(1, {
+      status: { kind: 'failed', symbol: '✘', short: 'failed (SIGKILL)', long: 'failed: killed by SIGKILL' },
+      elapsed: 185.2,
+      elapsed_words: '3 min 05 s (kernel)'
+    });
+    const view = await render(bundle([entry(0, { elapsed_words: '1.5 s' }), failed]));
+    const chips = Array.from(view.node.querySelectorAll('.nbaccel-chip')).map(c => c.textContent);
+    expect(chips).toEqual(['✓ rank 0 · done (1.5 s)', '✘ rank 1 · failed: killed by SIGKILL (3 min 05 s (kernel))']);
+    expect(tabs(view).map(t => t.textContent)).toEqual(['rank 0 · done', '✘ rank 1 · failed (SIGKILL)']);
+  });
+
   it('marks a failed rank in words and starts its panel with the traceback', async () => {
     const failed = entry(1, {
       status: { kind: 'failed', short: 'failed (ValueError)', long: 'failed: ValueError', exception: 'ValueError' },

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nbaccel.launch.outcome import RankOutcome, Status
-from nbaccel.output.status_words import RankState
+from nbaccel.output.status_words import RankState, elapsed_words
 from nbaccel.output.widgets.live_view import LaunchView, ranks_words
 from nbaccel.output.widgets.rank_panel import RankPanel, failure_outputs
 
@@ -65,6 +65,7 @@ def rank_entry(rank: int, state: RankState, panel: RankPanel, elapsed: float | N
         "rank": rank,
         "status": status_entry(state, panel.failure),
         "elapsed": None if elapsed is None else round(float(elapsed), 3),
+        "elapsed_words": None if elapsed is None else elapsed_words(elapsed),  # the kernel's words: the extension shows them
         "node": node,
         "failure": failure,
         "progress": [str(bar.state.get("text", "")) for bar in panel.bars.values()],
@@ -76,15 +77,15 @@ def rank_entry(rank: int, state: RankState, panel: RankPanel, elapsed: float | N
 
 
 def status_entry(state: RankState, outcome: RankOutcome | None = None) -> dict[str, Any]:
-    """The status words (as the chips and tabs say them) and, for a failure, what it was.
+    """The status words and symbol (as the chips and tabs say them) and, for a failure, what it was.
 
     Example:
         >>> from nbaccel.output.status_words import rank_state
         >>> killed = RankOutcome(rank=1, status=Status.SIGNALED, signal=9)
         >>> status_entry(rank_state(killed), killed)
-        {'kind': 'failed', 'short': 'failed (SIGKILL)', 'long': 'failed: killed by SIGKILL', 'exception': None, 'exit_code': None, 'signal': 'SIGKILL'}
+        {'kind': 'failed', 'symbol': '✗', 'short': 'failed (SIGKILL)', 'long': 'failed: killed by SIGKILL', 'exception': None, 'exit_code': None, 'signal': 'SIGKILL'}
     """
-    entry: dict[str, Any] = {"kind": state.kind, "short": state.short, "long": state.long}
+    entry: dict[str, Any] = {"kind": state.kind, "symbol": state.symbol, "short": state.short, "long": state.long}
     if outcome is not None:
         error = outcome.error if outcome.status is Status.FAILED else None
         entry["exception"] = error.type_name if error is not None else None
