@@ -13,7 +13,7 @@ import pytest
 
 from nbaccel import Cluster, LaunchTimeoutError, notebook_launcher
 from nbaccel.agent.remote import NodeRankFailedError
-from nbaccel.testing import CollectingSink
+from nbaccel.testing import CollectingSink, scaled
 from tests.agent.harness import interrupt_main_thread
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,17 +170,28 @@ def test_max_restarts_relaunches_on_every_node_under_the_same_run_id(two_nodes: 
     assert notebook_launcher(_fail_first_attempt, cluster=two_nodes, max_restarts=1, output=CollectingSink()) != values
 
 
+class InterruptOnceAllSleep(CollectingSink):
+    """Interrupts the launching thread (as the stop button does) once every rank said it sleeps:
+    an event, not a guess of how long four ranks on two nodes take to start under load."""
+
+    def __init__(self, ranks: int) -> None:
+        super().__init__()
+        self.expected, self.sleeping, self.sent_at = ranks, set(), None
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        super().output(rank, stream, lines)
+        if any("sleeping" in line for line in lines):
+            self.sleeping.add(rank)
+        if len(self.sleeping) == self.expected and self.sent_at is None:
+            self.sent_at = time.monotonic()
+            interrupt_main_thread()
+
+
 def test_an_interrupt_stops_every_node_and_the_next_launch_works(two_nodes: Cluster) -> None:
-    sink = CollectingSink()
-    timer = threading.Timer(1.0, interrupt_main_thread)
-    timer.start()
-    started = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt) as caught:
-            notebook_launcher(_sleep_long, cluster=two_nodes, output=sink)
-    finally:
-        timer.cancel()
-    assert time.monotonic() - started < 1.0 + 5.0
+    sink = InterruptOnceAllSleep(ranks=4)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        notebook_launcher(_sleep_long, cluster=two_nodes, output=sink, timeout=scaled(60))
+    assert sink.sent_at is not None and time.monotonic() - sink.sent_at < 5.0
     assert notebook_launcher(lambda: 1, cluster=two_nodes, output=CollectingSink()) == [1] * 4
     # Where each rank was, from every node, before it was stopped (as on one node).
     stacks = {rank: [e for e in sink.events.get(rank, []) if e.get("type") == "stack"] for rank in range(4)}
