@@ -12,6 +12,7 @@ per module, the first kernel launch imports it in each rank, the later ones afte
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -23,7 +24,10 @@ import pytest
 from nbaccel.testing import scaled
 from tests.kernel_harness import Kernel
 
-pytest.importorskip("lightning")
+# Found, not imported: importing lightning imports matplotlib.pyplot (Agg) into the test process,
+# and every rank forked later would inherit that backend instead of the one its test sets.
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("lightning is not installed (the test extra has it)", allow_module_level=True)
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.timeout(300)]
 
