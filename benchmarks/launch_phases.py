@@ -25,10 +25,10 @@ _SAVED: list[tuple[Any, str, Any]] = []
 
 # (module, attribute, label): the kernel's side of a launch, in the order it runs.
 KERNEL_STEPS = [
-    ("nbaccel.launcher", "make_plan", "plan"),
-    ("nbaccel.launcher", "choose_starter", "plan"),
-    ("nbaccel.launcher", "make_sink", "plan"),
-    ("nbaccel.launcher", "debuggable_job", "plan"),
+    ("nbaccel.launcher", "make_plan", "plan: make_plan"),
+    ("nbaccel.launcher", "choose_starter", "plan: choose_starter"),
+    ("nbaccel.launcher", "make_sink", "plan: make_sink"),
+    ("nbaccel.launcher", "debuggable_job", "plan: debuggable_job"),
     ("nbaccel.launcher", "run_launch", "run_launch"),
     ("nbaccel.launch.group", "LoopbackRendezvous", "store port"),
     ("nbaccel.launch.group", "StackFiles", "stack files"),
@@ -160,6 +160,7 @@ def breakdown(kernel: list[tuple[str, int, int]], ranks: list[list[tuple[str, in
     loop = next(p for p in kernel if p[0] == "loop")
     close = next(p for p in kernel if p[0] == "teardown")
     ms["plan"] = (launch[1] - call_ns) / 1e6  # checks, options, plan, starter, sink
+    ms.update({label: value for label, value in spans.items() if label.startswith("plan: ")})
     ms["sink session"] = (group[1] - launch[1]) / 1e6
     for label in ("store port", "stack files", "rank env", "pipes", "fork"):
         ms[label] = spans.get(label, 0.0)
