@@ -153,15 +153,11 @@ def _thread_blocks(dump: str) -> list[str]:
     return [dump[a:b] for a, b in zip(starts, [*starts[1:], len(dump)], strict=False)]  # no header: no block (the end has no start)
 
 
-_FAST_PARENT = "/dev/shm"
-_FAST_PARENT_ROOM = 512 * 2**20
-
-
 class StackFiles:
     """A private folder with one dump file per rank; the rank finds its file in its environment."""
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="nbaccel-stacks-", dir=_fast_parent())  # mode 0700: only this user reads them
+        self.folder = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # mode 0700: only this user reads them
 
     def path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.txt")
@@ -253,22 +249,6 @@ class StackFiles:
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _fast_parent() -> str | None:
-    """/dev/shm where it is a writable tmpfs with room; else None (the usual temporary folder).
-
-    On a disk file system making and removing the folder costs every launch about a millisecond
-    (a journal write each); on tmpfs, microseconds. NCCL's flight-recorder dumps land in the
-    folder too, so a small /dev/shm (a container's default 64 MiB) is passed over.
-    """
-    try:
-        room = os.statvfs(_FAST_PARENT)
-    except OSError:
-        return None
-    if room.f_bavail * room.f_frsize < _FAST_PARENT_ROOM or not os.access(_FAST_PARENT, os.W_OK | os.X_OK):
-        return None
-    return _FAST_PARENT
 
 
 def _is_whole(text: str, path: str) -> bool:
