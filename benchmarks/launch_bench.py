@@ -85,6 +85,26 @@ try:
 except ImportError:
     pass
 
+# Where the milliseconds go: the same trivial launch with timers around its pieces (launch_phases).
+import sys
+sys.path.insert(0, __BENCH_DIR__)
+import launch_phases
+out["phases"] = {}
+for n in RANKS:
+    runs = RUNS if n < 8 else max(5, RUNS // 2)
+    launch_phases.install()
+    try:
+        nbaccel.notebook_launcher(launch_phases.traced_trivial, num_processes=n, output=quiet())  # warm-up
+        rows = []
+        for _ in range(runs):
+            launch_phases.PHASES.clear()
+            t0 = time.perf_counter_ns()
+            values = nbaccel.notebook_launcher(launch_phases.traced_trivial, num_processes=n, output=quiet())
+            rows.append(launch_phases.breakdown(launch_phases.kernel_phases(), values, t0, time.perf_counter_ns()))
+    finally:
+        launch_phases.uninstall()
+    out["phases"][n] = {label: statistics.median(row[label] for row in rows) for label in rows[0]}
+
 def chatty(lines):
     import sys
     write = sys.stdout.write
@@ -134,7 +154,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=rank_counts, default=(1, 2, 4, 8), metavar="1,2,4,8", help="process counts to measure (on GPUs at most one per GPU)")
     args = parser.parse_args()
     with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as kernel:
-        run = kernel.execute(KERNEL_CODE.replace("__RUNS__", str(args.runs)).replace("__RANKS__", repr(args.ranks)), timeout=900)
+        run = kernel.execute(
+            KERNEL_CODE.replace("__RUNS__", str(args.runs))
+            .replace("__BENCH_DIR__", repr(os.path.dirname(os.path.abspath(__file__))))
+            .replace("__RANKS__", repr(args.ranks)),
+            timeout=900,
+        )
         if run.status != "ok":
             sys.exit(f"benchmark failed in the kernel:\n{run.error}")
         line = next(out for out in run.stdout.splitlines() if out.startswith("BENCH"))
@@ -159,6 +184,7 @@ def report(r: dict, text_received: int, text_elapsed: float) -> None:
             + f" | {ar:21.1f}ms | "
             + (f"{mp:11.1f}ms | {ar / mp:5.2f}" if mp else f"{'-':>13} | {'-':>5}")
         )
+    report_phases(r)
     chatty = r["chatty_ranks"]
     print(f"relay throughput, {chatty} ranks x 50,000 lines, kernel-side sink: {r['relay_lines_per_s']:,.0f} lines/s, lost {r['relay_lost']}")
     print(
@@ -167,6 +193,17 @@ def report(r: dict, text_received: int, text_elapsed: float) -> None:
     print(
         f"memory per rank (USS): nbaccel rank {r['uss_rank_mb']:.1f} MiB vs raw fork child {r['uss_fork_mb']:.1f} MiB (extra {r['uss_rank_mb'] - r['uss_fork_mb']:.1f} MiB)"
     )
+
+
+def report_phases(r: dict) -> None:
+    """The breakdown: one row per phase, one column per rank count, beside the raw fork floor."""
+    counts = list(r["phases"])
+    print("\nwhere a trivial launch's time goes (medians, ms; kernel steps summed over ranks, rank steps the median rank; timers add a little):")
+    print(f"{'phase':>34} | " + " | ".join(f"{n + ' rank' + ('s' if n != '1' else ''):>8}" for n in counts))
+    print(f"{'raw fork floor':>34} | " + " | ".join(f"{r['fork_floor'][n]:8.2f}" for n in counts))
+    for label in r["phases"][counts[0]]:
+        print(f"{label:>34} | " + " | ".join(f"{r['phases'][n].get(label, 0.0):8.2f}" for n in counts))
+    print()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 import threading
@@ -57,10 +58,15 @@ def start_answering(stack_file: str) -> None:
         fd = os.open(pipe, os.O_RDWR)  # read-write: opening never blocks, and reads never see EOF
     except OSError:  # a folder without FIFOs: the summary just goes without the count
         return
-    threading.Thread(target=_answer_forever, args=(fd, answer_path(stack_file)), name="nbaccel-collective-count", daemon=True).start()
+    # Not threading.Thread: its start() waits until the new thread has run, a GIL hand-over that
+    # cost every rank 1-4 ms of its launch (benchmarks/launch_bench.py's breakdown). Nothing waits
+    # for this thread: the rank ends with os._exit, and the kernel asks only when it takes stacks.
+    _thread.start_new_thread(_answer_forever, (fd, answer_path(stack_file)))
 
 
 def _answer_forever(fd: int, answer: str) -> None:
+    # Known to threading (a dummy thread, daemonic), so threading.enumerate() lists it as Python's.
+    threading.current_thread().name = "nbaccel-collective-count"
     while os.read(fd, 64):
         count = collective_count()
         partial = answer + ".partial"

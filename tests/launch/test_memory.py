@@ -43,9 +43,12 @@ def grow_until_killed(cgroup: str) -> None:
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
         chunks = []
-        while True:  # 20 MiB every 50 ms, each page touched: the sampler sees it grow
+        # 20 MiB every 100 ms, each page touched: the limit is reached after about 1.6 s, so the
+        # sampler's first sample (1 s after the start) sees the rank in its cgroup. At 50 ms the
+        # kill came at about 1 s, racing that sample (the launch got faster, and lost the race).
+        while True:
             chunks.append(bytearray(b"x" * (20 * 2**20)))
-            time.sleep(0.05)
+            time.sleep(0.1)
 
 
 @pytest.fixture
