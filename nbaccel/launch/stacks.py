@@ -259,21 +259,8 @@ def _is_whole(text: str, path: str) -> bool:
 
 def _ask_count(stack_file: str) -> bool:
     """Ask the rank's answering thread for its collective count; False when it has none to ask."""
-    try:
-        os.unlink(collective_count.answer_path(stack_file))  # never read the last request's answer
-    except OSError:
-        pass
-    try:
-        fd = os.open(collective_count.pipe_path(stack_file), os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # no pipe (a rank from before this existed, or one that has not started)
-        return False
-    try:
-        os.write(fd, b"?")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+    path = collective_count.pipe_path(stack_file)
+    return flight_recorder.ask_over_pipe(path, b"?", stale=collective_count.answer_path(stack_file))
 
 
 def _answer(rank: int, text: str, last_collective: str | None = None) -> RankStack:

@@ -59,16 +59,27 @@ def dump_path(folder: str, rank: int) -> str:
 
 def request_dump(folder: str, rank: int) -> bool:
     """Ask ``rank``'s watchdog for a dump; False when it has no pipe (not nccl, or no group yet)."""
+    return ask_over_pipe(pipe_path(folder, rank), b"1", stale=dump_path(folder, rank))
+
+
+def ask_over_pipe(pipe: str, message: bytes, stale: str) -> bool:
+    """Write ``message`` to the named pipe a rank's thread reads, after removing ``stale`` (the last
+    answer: a new one replaces it, never read an old one); False when nobody reads that pipe.
+
+    Example:
+        >>> ask_over_pipe("/nonexistent/pipe", b"?", stale="/nonexistent/answer")
+        False
+    """
     try:
-        os.unlink(dump_path(folder, rank))  # a new dump replaces it: never read a stale one
+        os.unlink(stale)
     except OSError:
         pass
     try:
-        fd = os.open(pipe_path(folder, rank), os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # no pipe, or nobody reading it (ENXIO): no recorder to ask
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no pipe, or nobody reading it (ENXIO): nothing to ask
         return False
     try:
-        os.write(fd, b"1")
+        os.write(fd, message)
     except OSError:
         return False
     finally:
