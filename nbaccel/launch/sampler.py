@@ -53,7 +53,8 @@ class ResourceSampler:
     def sample(self, now: float, ranks: list[int] | None = None) -> dict[int, dict[str, Any]]:
         """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes}``.
 
-        A process that has ended is skipped (its peak stays).
+        A process that has ended is skipped (its peak stays), a zombie too: an exited rank not
+        yet reaped reads as 0 resident bytes, which is not a sample.
         """
         self._next = now + self.period
         samples = {}
@@ -110,13 +111,15 @@ def _rss(pid: int) -> int | None:
 
 
 def _cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` in clock ticks; -1 when it cannot be read."""
+    """utime + stime of ``pid`` in clock ticks; -1 when it cannot be read or the process has exited."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
     except OSError:
         return -1
     fields = text[text.rfind(b")") + 2 :].split()  # the command name may hold spaces: fields start after ")"
+    if fields[:1] in ([b"Z"], [b"X"]):  # exited, not yet reaped: its memory is gone and its times are final
+        return -1
     try:
         return int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):

@@ -41,3 +41,21 @@ def test_every_rank_is_sampled_about_once_a_second_and_its_peak_lands_in_its_out
     for rank in (0, 1):  # the outcome keeps the most it held: at least every sample, and what it allocated
         assert peaks[rank] is not None and peaks[rank] >= max(s["rss"] for s in samples[rank]) >= (100 + 100 * rank) * 2**20
     assert set(threading.enumerate()) == threads  # sampling runs on the loop's clock: no thread
+
+
+def test_a_rank_that_exited_and_is_not_yet_reaped_is_not_sampled_as_zero_bytes() -> None:
+    import os
+    from pathlib import Path
+
+    from nbaccel.launch.sampler import ResourceSampler
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        sampler = ResourceSampler({0: pid}, now=0.0)
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            pass  # until the child is a zombie: exited, not reaped
+        assert sampler.sample(1.0) == {}
+    finally:
+        os.waitpid(pid, 0)
