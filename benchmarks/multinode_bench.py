@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
+from nbaccel.cluster.cluster import Cluster
 from nbaccel.testing import CollectingSink
 
 SCRIPT = """

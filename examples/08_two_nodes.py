@@ -22,10 +22,9 @@ import subprocess
 import sys
 import time
 
-from nbaccel import notebook_launcher
-from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.cluster_group import layout
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import NodeRankFailedError, notebook_launcher
+from nbaccel.cluster.cluster import Cluster
+from nbaccel.cluster.group import layout
 
 
 def where_am_i() -> dict:

@@ -32,7 +32,8 @@ from nbaccel._version import __version__
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 if TYPE_CHECKING:
-    from nbaccel.agent.cluster import Cluster
+    from nbaccel.cluster.cluster import Cluster
+    from nbaccel.cluster.failures import NodeRankFailedError
     from nbaccel.errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
     from nbaccel.launcher import notebook_launcher, start_workers
     from nbaccel.pool import PoolStoppedError, WorkerPool
@@ -50,13 +51,14 @@ if TYPE_CHECKING:
 # `%load_ext nbaccel`) stays cheap and never touches CUDA.
 _EXPORTS = {
     "notebook_launcher": "launcher",
-    "Cluster": "agent.cluster",
+    "Cluster": "cluster.cluster",
     "start_workers": "launcher",
     "WorkerPool": "pool",
     "PoolStoppedError": "pool",
     "NbaccelError": "errors",
     "PreflightError": "errors",
     "RankFailedError": "errors",
+    "NodeRankFailedError": "cluster.failures",
     "LaunchTimeoutError": "errors",
     "PartialState": "state",
     "AcceleratorState": "state",
@@ -77,6 +79,7 @@ __all__ = [  # spelled out (not built from _EXPORTS) so static tools see the pub
     "InitProcessGroupKwargs",
     "LaunchTimeoutError",
     "NbaccelError",
+    "NodeRankFailedError",
     "PartialState",
     "PoolStoppedError",
     "PreflightError",

@@ -12,18 +12,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nbaccel.errors import RankFailedError
 from nbaccel.launch import warm
 from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
-from nbaccel.launch.local import LocalLauncher
+from nbaccel.launch.local import LocalGroupStarter
 from nbaccel.launch.one_shot import run_launch
-from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_callable
+from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_callable, check_timeout
 from nbaccel.launch.plan import choose_starter, make_plan
-from nbaccel.launch.seam import Sink
+from nbaccel.launch.seam import GroupStarter, LaunchPlan, Sink
 from nbaccel.output.choose import make_sink
 from nbaccel.pool.pool import start_local_workers
 
 if TYPE_CHECKING:
-    from nbaccel.agent.cluster import Cluster
+    from nbaccel.cluster.cluster import Cluster
     from nbaccel.pool.pool import WorkerPool
 
 T = TypeVar("T")
@@ -98,22 +99,6 @@ def notebook_launcher(
         >>> notebook_launcher(rank_and_world, num_processes=2)
         [(0, 2), (1, 2)]
     """
-    if cluster is not None:
-        from nbaccel.agent.remote import cluster_launcher
-
-        return cluster_launcher(
-            function,
-            args,
-            cluster,
-            mixed_precision=mixed_precision,
-            timeout=timeout,
-            max_restarts=max_restarts,
-            cpu=cpu,
-            output=output,
-            stall_report=stall_report,
-            pdb=pdb,
-            profile=profile,
-        )
     started = time.monotonic()
     check_callable(function, args)
     options = LaunchOptions(
@@ -130,17 +115,40 @@ def notebook_launcher(
         pdb=wants_post_mortem(pdb),
         profile=profile,
     )
+    if cluster is not None:
+        return _on_cluster(function, args, options, output, check_cluster(cluster), started)
     plan = make_plan(options, started)
-    launcher = LocalLauncher(choose_starter(options.start_method, plan.num_processes))
+    try:
+        return _run(LocalGroupStarter(choose_starter(options.start_method, plan.num_processes)), function, args, options, plan, output)
+    finally:
+        warm.import_noted()
+
+
+def _run(
+    group_starter: GroupStarter, function: Callable[..., T], args: Sequence[Any], options: LaunchOptions, plan: LaunchPlan, output: str | Sink | None
+) -> list[T]:
+    """The one-shot launch of ``function(*args)`` on the ranks ``group_starter`` starts, on one node or several."""
     sink = make_sink(output)
     if options.profile:
         from nbaccel.output.profile_sink import profiled  # only a profiled launch imports any of it
 
         function, sink = profiled(function, sink, options.profile)
+    return run_launch(group_starter, debuggable_job(function, args, options.pdb), plan, sink)
+
+
+def _on_cluster(
+    function: Callable[..., T], args: Sequence[Any], options: LaunchOptions, output: str | Sink | None, cluster: Cluster, started: float
+) -> list[T]:
+    """Every rank of every live node of ``cluster``; a failure names the node of its rank."""
+    from nbaccel.cluster.failures import naming_nodes
+    from nbaccel.cluster.group import ClusterGroupStarter
+    from nbaccel.cluster.plan import cluster_plan
+
+    group_starter = ClusterGroupStarter(cluster)
     try:
-        return run_launch(launcher, debuggable_job(function, args, options.pdb), plan, sink)
-    finally:
-        warm.import_noted()
+        return _run(group_starter, function, args, options, cluster_plan(cluster, options, started), output)
+    except RankFailedError as error:
+        raise naming_nodes(error, group_starter) from None
 
 
 def start_workers(
@@ -175,17 +183,26 @@ def start_workers(
         [1, 1]
         >>> pool.stop()
     """
-    if cluster is not None:  # every rank of every node of the cluster
-        from nbaccel.agent.remote_pool import start_cluster_workers
-
-        return start_cluster_workers(cluster, mixed_precision=mixed_precision, cpu=cpu, start_timeout=start_timeout, stall_report=stall_report)
-    return start_local_workers(
-        num_processes,
-        gpus=gpus,
-        mixed_precision=mixed_precision,
+    check_timeout(start_timeout, "start_timeout")
+    options = LaunchOptions(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,  # type: ignore[arg-type]  # checked by LaunchOptions
+        start_method=start_method,  # type: ignore[arg-type]
+        gpus=None if gpus is None else tuple(gpus),
         cpu=cpu,
-        start_method=start_method,
-        namespace=namespace,
-        start_timeout=start_timeout,
         stall_report=stall_report,
     )
+    if cluster is not None:  # every rank of every node of the cluster
+        from nbaccel.cluster.workers import start_cluster_workers
+
+        return start_cluster_workers(check_cluster(cluster), options, start_timeout)
+    return start_local_workers(options, namespace, start_timeout)
+
+
+def check_cluster(cluster: Any) -> Cluster:
+    """``cluster`` if it is an ``nbaccel.Cluster``; else a TypeError saying how to make one."""
+    from nbaccel.cluster.cluster import Cluster
+
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be an nbaccel.Cluster, got {cluster!r}; make one with nbaccel.Cluster('HOST:PORT').")
+    return cluster

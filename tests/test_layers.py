@@ -28,13 +28,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("nbaccel",),  # __init__.py: the lazy public face over everything
     ("nbaccel.notebook",),
     ("nbaccel.launcher", "nbaccel.testing"),
-    ("nbaccel.agent",),
+    ("nbaccel.cluster",),  # the kernel side of several machines
+    ("nbaccel.agent",),  # the node side: never imported by the kernel side (test below)
     ("nbaccel.pool",),
     ("nbaccel.output",),
     ("nbaccel.launch",),
     ("nbaccel.rank",),
     ("nbaccel.state",),
     ("nbaccel.wire",),
+    ("nbaccel.net",),  # the signed link, both sides of several machines: stdlib only
     ("nbaccel.devices",),  # stdlib and errors only: what a machine's accelerators are
     ("nbaccel.errors", "nbaccel._version"),
 ]
@@ -42,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
 # The data that crosses the fork (a Job and the child's pipe ends) lives in wire/job.py, which both
 # sides import; the kernel side must not reach into the rank's bootstrap for it.
 FORK_DATA = ("nbaccel.rank.bootstrap", frozenset({"Job", "ChildEnds"}))
-RANK_SIDE = ("nbaccel.rank.", "nbaccel.pool.serve", "nbaccel.agent.rank_entry")  # modules that run in the rank
+RANK_SIDE = ("nbaccel.rank.", "nbaccel.pool.serve")  # modules that run in the rank
 FORK_DATA_REASON = "Job/ChildEnds live in nbaccel/wire/job.py: import them from there"
 KNOWN_FORK_DATA_IMPORTERS: frozenset[str] = frozenset()
 
@@ -212,3 +214,10 @@ def test_fork_data_importers_are_the_known_ones() -> None:
 def test_errors_imports_no_layer() -> None:
     """errors.py is imported by every layer, so it imports none (not even for annotations)."""
     assert [str(i) for i in all_imports() if i.importer == "nbaccel.errors"] == []
+
+
+def test_the_kernel_side_of_several_machines_never_imports_the_node_side() -> None:
+    """nbaccel.cluster runs in the kernel and nbaccel.agent on the nodes: what both need is in
+    nbaccel.net (the link) or lower, so neither side's code is loaded where it does not run."""
+    crossing = [str(i) for i in all_imports() if i.importer.startswith("nbaccel.cluster") and i.imported.startswith("nbaccel.agent")]
+    assert not crossing, "the kernel side imports the node side:\n  " + "\n  ".join(crossing)

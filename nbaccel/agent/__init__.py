@@ -1,2 +1,4 @@
-"""Several machines: the node agent (``nbaccel-agent``), the kernel's ``Cluster``, and the signed
-transport between them. See docs/multinode.md."""
+"""The node side of several machines: ``nbaccel-agent``, which joins a kernel's ``Cluster`` and
+starts, watches and reports that node's ranks. It runs on the nodes, never in the kernel; the
+kernel side is ``nbaccel.cluster`` and the signed link between them ``nbaccel.net``. See
+docs/multinode.md."""

@@ -1,7 +1,7 @@
 """``nbaccel-agent HOST:PORT``: the command each node runs to join a notebook's cluster.
 
 The secret comes from ``--token-stdin`` (one line on standard input: how ``cluster.start_agents``
-sends it through ssh or another launcher), ``--token-file`` (a copy of ``cluster.token_file``, or
+sends it through ssh or another starting command), ``--token-file`` (a copy of ``cluster.token_file``, or
 the file itself on a shared home) or ``$NBACCEL_TOKEN``. An agent given the secret in its
 environment starts itself again without it (the token passed on a pipe), so neither the agent's
 environment nor ``/proc/PID/environ`` of any rank it forks holds the secret.
@@ -18,8 +18,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from nbaccel.agent.node import EXIT_REFUSED, NodeAgent, split_address
-from nbaccel.agent.signing import TOKEN_ENV, parse_token, read_token
+from nbaccel.agent.node import EXIT_REFUSED, NodeAgent
+from nbaccel.net.link import split_address
+from nbaccel.net.signing import TOKEN_ENV, parse_token, read_token
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -23,13 +23,13 @@ import time
 from typing import Any
 
 from nbaccel import _version
-from nbaccel.agent import protocol
 from nbaccel.agent.interfaces import interface_of
-from nbaccel.agent.link import Link, new_nonce
 from nbaccel.agent.node_ranks import NodeRanks
-from nbaccel.agent.signing import Message
 from nbaccel.devices import nvml
 from nbaccel.launch import warm
+from nbaccel.net import protocol
+from nbaccel.net.link import Link, new_nonce, split_address
+from nbaccel.net.signing import Message
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
 _CONNECT_TIMEOUT = 10.0
@@ -42,13 +42,6 @@ class AgentError(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{address!r} is not HOST:PORT; pass the address the cluster printed (cluster.address).")
-    return host.strip("[]"), int(port)
 
 
 def visible_gpus() -> int:

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbaccel.agent import protocol
-from nbaccel.agent.rank_entry import run_remote_rank
 from nbaccel.launch import warm
 from nbaccel.launch.escalation import LINGER, STOP_PLANS, Escalation
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
+from nbaccel.net import protocol
+from nbaccel.rank.agent_entry import run_remote_rank
 from nbaccel.wire import events, rich
 from nbaccel.wire.rank_env import rank_environment
 

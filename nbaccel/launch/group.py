@@ -1,7 +1,7 @@
 """The ranks of one node, started by the kernel: a private loopback rendezvous, pipes, and pids.
 
 A ``LocalRankGroup`` serves one attempt of a one-shot launch and the lifetime of a persistent
-worker pool alike. It is the ``RankGroup`` the one-node ``LocalLauncher`` hands to the event loop:
+worker pool alike. It is the ``RankGroup`` the one-node ``LocalGroupStarter`` hands to the event loop:
 its sources are each rank's stdout, stderr and event pipes and its pidfd.
 
 Example::

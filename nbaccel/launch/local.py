@@ -1,18 +1,18 @@
-"""One-node launches: the ``Launcher`` that starts every rank on this machine, by fork or spawn."""
+"""One-node launches: the ``GroupStarter`` that starts every rank on this machine, by fork or spawn."""
 
 from __future__ import annotations
 
 from nbaccel.launch.group import LocalRankGroup
-from nbaccel.launch.seam import Launcher, LaunchPlan, RankStarter
+from nbaccel.launch.seam import GroupStarter, LaunchPlan, RankStarter
 from nbaccel.wire.job import Job
 
 
-class LocalLauncher(Launcher):
+class LocalGroupStarter(GroupStarter):
     """Starts every rank on this machine with ``starter`` (fork or spawn).
 
     Example::
 
-        group = LocalLauncher(ForkStarter()).start_group(job, plan, attempt=0, persistent=False)
+        group = LocalGroupStarter(ForkStarter()).start_group(job, plan, attempt=0, persistent=False)
     """
 
     def __init__(self, starter: RankStarter) -> None:

@@ -3,12 +3,12 @@
 When a rank fails the others are stopped at once (SIGTERM, then SIGKILL): a peer blocked in a
 collective would otherwise wait for the process group's timeout. On an interrupt, SIGINT first
 so Python code can unwind; on a timeout, like a failure. Only the ranks' own process groups are
-ever signalled. ``run_attempt`` runs one attempt of a launch through any ``Launcher``;
+ever signalled. ``run_attempt`` runs one attempt of a launch through any ``GroupStarter``;
 ``run_launch`` is the restart strategy over attempts.
 
 Example::
 
-    values = run_launch(LocalLauncher(ForkStarter()), job, plan, sink=TextSink())
+    values = run_launch(LocalGroupStarter(ForkStarter()), job, plan, sink=TextSink())
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from nbaccel.launch.escalation import LINGER, STOP_PLANS
 from nbaccel.launch.loop import EventLoop, Policy, SinkSession
 from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome, Status, root_cause, where_ranks_were
-from nbaccel.launch.seam import Launcher, LaunchPlan, Sink
+from nbaccel.launch.seam import GroupStarter, LaunchPlan, Sink
 from nbaccel.wire import events
 from nbaccel.wire.job import Job
 
@@ -37,14 +37,14 @@ _STOP_WHY = {
 TEARDOWN_BOUND = 10.0
 
 
-def run_launch(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
+def run_launch(group_starter: GroupStarter, job: Job, plan: LaunchPlan, sink: Sink) -> list[Any]:
     """Every rank's value, by rank; after a failure, relaunch every rank up to ``plan.max_restarts`` times.
 
     Each attempt is a fresh group with a fresh rendezvous: a restart never meets a stale store.
     """
     failed_attempts: list[list[RankOutcome]] = []
     for attempt in range(plan.max_restarts + 1):
-        outcomes = run_attempt(launcher, job, plan, attempt, sink)
+        outcomes = run_attempt(group_starter, job, plan, attempt, sink)
         if all(o.status is Status.SUCCEEDED for o in outcomes):
             return [o.value for o in outcomes]
         failed_attempts.append(outcomes)
@@ -57,14 +57,14 @@ def run_launch(launcher: Launcher, job: Job, plan: LaunchPlan, sink: Sink) -> li
     raise error
 
 
-def run_attempt(launcher: Launcher, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
+def run_attempt(group_starter: GroupStarter, job: Job, plan: LaunchPlan, attempt: int, sink: Sink) -> list[RankOutcome]:
     """Start every rank, relay their output to ``sink``, and return their outcomes, by rank.
 
     Returns when every rank has ended and been reaped. Raises KeyboardInterrupt (after stopping
     every rank) if interrupted, and LaunchTimeoutError when ``plan.deadline`` passes.
     """
     with SinkSession(sink, plan.num_processes, attempt) as session:
-        group = launcher.start_group(job, plan, attempt, persistent=False)
+        group = group_starter.start_group(job, plan, attempt, persistent=False)
         policy = OneShot()
         try:
             loop = session.watch(EventLoop(group, sink, policy, deadline=plan.deadline, timeout=plan.timeout, stall_report=plan.stall_report))

@@ -38,13 +38,28 @@ def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
         nccl_guard(chosen_gpus)
     if options.mixed_precision == "fp8" and device_type == "cpu":
         raise ValueError("mixed_precision='fp8' needs GPUs that support fp8 (Hopper or newer); on CPU use 'bf16' or 'no'.")
+    return plan_of(
+        options, started, num_processes=num_processes, device_type=device_type, gpus=chosen_gpus, master_addr=options.master_addr, port=options.use_port
+    )
+
+
+def plan_of(
+    options: LaunchOptions, started: float, *, num_processes: int, device_type: str, gpus: tuple[int, ...] | None, master_addr: str, port: int | None
+) -> LaunchPlan:
+    """The one place a ``LaunchPlan`` is made: the options' choices with the ranks and devices decided
+    (here for one node, by ``nbaccel.cluster.plan`` for a cluster's nodes).
+
+    Example:
+        >>> plan_of(LaunchOptions(timeout=5), 100.0, num_processes=2, device_type="cpu", gpus=None, master_addr="127.0.0.1", port=None).deadline
+        105.0
+    """
     return LaunchPlan(
         num_processes=num_processes,
         device_type=device_type,
-        gpus=chosen_gpus,
+        gpus=gpus,
         mixed_precision=options.mixed_precision,
-        master_addr=options.master_addr,
-        port=options.use_port,
+        master_addr=master_addr,
+        port=port,
         max_restarts=options.max_restarts,
         timeout=options.timeout,
         deadline=None if options.timeout is None else started + options.timeout,

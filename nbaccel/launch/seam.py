@@ -1,16 +1,16 @@
-"""The seams of the engine: how a group of ranks is started (``Launcher``), what the loop needs of
+"""The seams of the engine: how a group of ranks is started (``GroupStarter``), what the loop needs of
 it (``RankGroup``), and where the loop sends what the ranks say (``Sink``, implemented in
 ``nbaccel.output``).
 
-Every launch mode goes through them: a one-shot launch asks a ``Launcher`` for a group that runs
+Every launch mode goes through them: a one-shot launch asks a ``GroupStarter`` for a group that runs
 one job and ends; persistent workers ask for a group that stays and takes commands. The one-node
-``LocalLauncher`` starts ranks on this machine (fork, the fork server or spawn: the ``RankStarter``); a launcher for
+``LocalGroupStarter`` starts ranks on this machine (fork, the fork server or spawn: the ``RankStarter``); a launcher for
 several nodes implements the same two methods, with a ``RankGroup`` whose ranks live on node agents
 and whose events arrive over the network instead of pipes. Nothing above this module knows which.
 
 Example::
 
-    group = launcher.start_group(job, plan, attempt=0, persistent=False)
+    group = group_starter.start_group(job, plan, attempt=0, persistent=False)
     try:
         EventLoop(group, sink, OneShot()).run()
     finally:
@@ -147,7 +147,7 @@ class RankGroup(Protocol):
         """Kill and reap whatever still runs; free ports, pipes and handles. Idempotent."""
 
 
-class Launcher(ABC):
+class GroupStarter(ABC):
     """Starts groups of ranks. Implementations own every process they start."""
 
     start_method: str

@@ -104,7 +104,7 @@ class SpawnStarter:
         try:
             with open(payload_w, "wb", closefd=True) as pipe:
                 pipe.write(payload)
-        except BrokenPipeError:  # the rank died at start-up; its exit status tells the supervisor
+        except BrokenPipeError:  # the rank died at start-up; its exit status tells the kernel
             pass
         return pid
 

@@ -19,7 +19,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
-from nbaccel.notebook.options import positive_int, variable_name
+from nbaccel.notebook.magic_options import positive_int, variable_name
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,7 +48,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def start_cluster(args: argparse.Namespace, user_ns: dict[str, Any]) -> Any:
     """Carry out ``%distributed cluster``: the cluster, bound to ``args.out``, with its agents joined."""
-    from nbaccel.agent.cluster import AgentStartError, Cluster
+    from nbaccel.cluster.cluster import AgentStartError, Cluster
 
     previous = user_ns.get(args.out)
     if isinstance(previous, Cluster) and not previous._closed:

@@ -34,7 +34,7 @@ from nbaccel.launch.notices import say
 from nbaccel.launcher import notebook_launcher, start_workers
 from nbaccel.notebook import pool_commands as worker_commands
 from nbaccel.notebook.cell import compile_cell, compile_pool_cell
-from nbaccel.notebook.options import (
+from nbaccel.notebook.magic_options import (
     CELL_OPTIONS,
     LAUNCH_OPTIONS,
     check_for_workers,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
-from nbaccel.notebook.options import start_options, with_cluster
+from nbaccel.notebook.magic_options import start_options, with_cluster
 from nbaccel.notebook.worker_tables import free_table, status_table
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Persistent workers: ranks forked once, with a process group and namespaces that live across cells.
 
 Example:
-    >>> with start_local_workers(2, cpu=True) as pool:
+    >>> with start_local_workers(LaunchOptions(num_processes=2, cpu=True)) as pool:
     ...     pool.push(scale=10)
     ...     pool.run(lambda: int(os.environ["RANK"]))
     [0, 1]
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
-from nbaccel.launch.local import LocalLauncher
+from nbaccel.launch.local import LocalGroupStarter
 from nbaccel.launch.loop import EventLoop, SinkSession, sampler_for
 from nbaccel.launch.notices import say
-from nbaccel.launch.options import DEFAULT_STALL_REPORT, LaunchOptions, check_timeout
+from nbaccel.launch.options import LaunchOptions, check_timeout
 from nbaccel.launch.outcome import RankOutcome, Status, exit_words, root_cause, where_ranks_were
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.sampler import ResourceSampler
-from nbaccel.launch.seam import Launcher, LaunchPlan, RankGroup, Sink
+from nbaccel.launch.seam import GroupStarter, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
@@ -34,8 +34,8 @@ from nbaccel.pool.in_step import CollectiveCount, out_of_step
 from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
-from nbaccel.pool.task import Task, raise_stuck_error
-from nbaccel.pool.tasks import Assign, CallFunction, Fetch, FreeMemory, RankStatus
+from nbaccel.pool.task_policy import Task, raise_stuck_error
+from nbaccel.pool.worker_calls import Assign, CallFunction, Fetch, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.wire import rich, shm
@@ -80,9 +80,9 @@ class WorkerStatus:
 class WorkerPool:
     """Ranks that keep their process group, namespaces and GPU memory between calls."""
 
-    def __init__(self, plan: LaunchPlan, launcher: Launcher, seed: dict[str, Any] | None, start_timeout: float) -> None:
+    def __init__(self, plan: LaunchPlan, group_starter: GroupStarter, seed: dict[str, Any] | None, start_timeout: float) -> None:
         self.plan = plan
-        self.launcher = launcher
+        self.group_starter = group_starter
         self._seed = seed
         self._start_timeout = start_timeout
         self._group: RankGroup | None = None
@@ -99,10 +99,10 @@ class WorkerPool:
 
         What the ranks print while starting goes to ``output`` (a sink, or a name for ``make_sink``).
         """
-        seed = self._seed if self.launcher.start_method == "fork" else None  # fork server, spawn: fresh namespaces
+        seed = self._seed if self.group_starter.start_method == "fork" else None  # fork server, spawn: fresh namespaces
         _import_rank_modules()
         job = Job(serve, args=(seed,), pass_ends=True)
-        group = self.launcher.start_group(job, self.plan, attempt=0, persistent=True)
+        group = self.group_starter.start_group(job, self.plan, attempt=0, persistent=True)
         try:
             self.devices = wait_until_ready(group, make_sink(output), self._start_timeout)
         except BaseException:
@@ -124,7 +124,7 @@ class WorkerPool:
     @property
     def start_method(self) -> str:
         """ "fork", "forkserver" or "spawn": how the workers were started (all but fork start with empty namespaces)."""
-        return self.launcher.start_method
+        return self.group_starter.start_method
 
     def stop(self, graceful: bool = True) -> None:
         """Tell every rank to leave (they tear down their process group and run their own atexit
@@ -203,7 +203,7 @@ class WorkerPool:
 
     def free(self) -> dict[int, dict[str, Any]]:
         """On every rank: ``gc.collect()``, then ``torch.cuda.empty_cache()`` where CUDA is in use;
-        by rank, what each held before and after (``pool.tasks.FreeMemory``)."""
+        by rank, what each held before and after (``pool.worker_calls.FreeMemory``)."""
         answers: dict[int, dict[str, Any]] = self.run_task(FreeMemory(), ranks=range(self.num_processes), output="text", label="free", remember=False)
         return answers
 
@@ -213,7 +213,7 @@ class WorkerPool:
         Between cells a rank's summary reads ``rank 0: idle, waiting for the next cell``.
 
         Example:
-            >>> pool = start_local_workers(2)
+            >>> pool = start_local_workers(LaunchOptions(num_processes=2))
             >>> for stack in pool.stacks():  # doctest: +ELLIPSIS
             ...     print(stack.summary)
             rank 0: ...
@@ -436,47 +436,27 @@ def _resident_mb(pid: int) -> float:
         return 0.0
 
 
-def start_local_workers(
-    num_processes: int | None = None,
-    *,
-    gpus: Sequence[int] | None = None,
-    mixed_precision: str = "no",
-    cpu: bool = False,
-    start_method: str = "auto",
-    namespace: dict[str, Any] | None = None,
-    start_timeout: float = 120.0,
-    stall_report: float | None = DEFAULT_STALL_REPORT,
-) -> WorkerPool:
-    """Fork persistent workers on this machine and return when every rank has joined the process group.
+def start_local_workers(options: LaunchOptions, namespace: dict[str, Any] | None = None, start_timeout: float = 120.0) -> WorkerPool:
+    """Fork persistent workers on this machine as ``options`` say and return when every rank has
+    joined the process group.
 
-    ``nbaccel.start_workers`` (``nbaccel/launcher.py``) runs this, or a pool across nodes for ``cluster=``.
+    ``nbaccel.start_workers`` (``nbaccel/launcher.py``) checks its arguments into ``options`` and
+    runs this, or a pool across nodes for ``cluster=``.
 
     Args:
-        num_processes: ranks to start; default one per visible GPU, or 2 CPU ranks on gloo.
-        gpus, mixed_precision, cpu, start_method: as for ``notebook_launcher``.
+        options: the checked launch options (ranks, devices, start method, stall report).
         namespace: what every rank's namespace starts as (a copy, made by the fork); the magic
-            passes the notebook's. Ignored under spawn: spawned ranks start empty.
+            passes the notebook's. Ignored under spawn and the fork server: those ranks start empty.
         start_timeout: seconds to wait for every rank to be ready.
-        stall_report: seconds without output from a cell on the workers after which each
-            rank's stack is shown once (nothing is stopped); None turns this off.
 
     Example:
-        >>> pool = start_local_workers(2)
+        >>> pool = start_local_workers(LaunchOptions(num_processes=2))
         >>> pool.run(lambda: 1)
         [1, 1]
         >>> pool.stop()
     """
-    check_timeout(start_timeout, "start_timeout")
-    options = LaunchOptions(
-        num_processes=num_processes,
-        mixed_precision=mixed_precision,  # type: ignore[arg-type]  # checked by LaunchOptions
-        start_method=start_method,  # type: ignore[arg-type]
-        gpus=None if gpus is None else tuple(gpus),
-        cpu=cpu,
-        stall_report=stall_report,
-    )
     plan = make_plan(options, time.monotonic())
-    return WorkerPool(plan, LocalLauncher(choose_starter(options.start_method, plan.num_processes)), namespace, start_timeout).start()
+    return WorkerPool(plan, LocalGroupStarter(choose_starter(options.start_method, plan.num_processes)), namespace, start_timeout).start()
 
 
 @atexit.register

@@ -15,7 +15,7 @@ Locally the stream runs over a pipe private to one launch (created by the kernel
 by its own child), so nothing decoded here came from a network. A rank's stdout and stderr are
 not framed locally: they are the raw file descriptors 1 and 2 (C libraries write there too), cut
 into lines by the kernel; a node agent forwards those same lines as ``lines`` messages
-(nbaccel.agent.protocol), so the kernel's loop receives ``lines(rank, stream, lines)`` either way. Over a network every frame is
+(nbaccel.net.protocol), so the kernel's loop receives ``lines(rank, stream, lines)`` either way. Over a network every frame is
 signed before anything is unpickled (nbaccel.agent).
 
 Example:
@@ -61,7 +61,7 @@ class Kind(enum.IntEnum):
     STOP = 6  # kernel to worker: leave the serve loop
     IMPORTED = 7  # heavy modules the rank had to import (nbaccel.launch.warm), for the kernel to preload
     # Output lines and stacks are no kinds: lines are raw fds 1/2 locally and the agent's `lines`
-    # messages remotely (nbaccel.agent.protocol); stacks are files written by faulthandler.
+    # messages remotely (nbaccel.net.protocol); stacks are files written by faulthandler.
     # 8 and 9 were those kinds once: left unused, so an old node's frame is an unknown kind.
     PROMPT = 10  # a rank's debugger waits for a line: {prompt, text, where, header} (nbaccel.rank.debugger)
     DEBUG_OUTPUT = 11  # what a rank's debugger printed after its last prompt: {text}

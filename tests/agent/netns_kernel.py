@@ -12,9 +12,8 @@ import sys
 import threading
 import time
 
-from nbaccel import Cluster, notebook_launcher
-from nbaccel.agent.cluster_group import layout
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import Cluster, NodeRankFailedError, notebook_launcher
+from nbaccel.cluster.group import layout
 from nbaccel.testing import CollectingSink
 
 

@@ -19,7 +19,7 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-from nbaccel.agent.signing import FrameReader
+from nbaccel.net.signing import FrameReader
 
 _PREFIX = struct.Struct("!4sIQ")
 

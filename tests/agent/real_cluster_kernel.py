@@ -22,9 +22,9 @@ from typing import Any
 
 import nbaccel
 from nbaccel import Cluster
-from nbaccel.agent.cluster import AgentStartError
-from nbaccel.agent.cluster_group import layout
-from nbaccel.agent.remote_pool import NodeLostPoolError
+from nbaccel.cluster.cluster import AgentStartError
+from nbaccel.cluster.group import layout
+from nbaccel.cluster.workers import NodeLostPoolError
 from nbaccel.testing import CollectingSink
 
 HOST = "10.232.0.1"

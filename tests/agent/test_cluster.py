@@ -1,6 +1,6 @@
 """The kernel's Cluster and the agent's command line: addresses, token, joining, refusals.
 
-Imports internals (agent, agent.node, agent.signing): it tests those units directly, below the public face.
+Imports internals (agent, agent.node, net.signing): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from nbaccel import Cluster
 from nbaccel.agent.node import EXIT_REFUSED, EXIT_UNREACHABLE
-from nbaccel.agent.signing import new_secret, write_token_file
+from nbaccel.net.signing import new_secret, write_token_file
 from tests.agent.harness import agent_argv, start_agents, stop_agents
 
 pytestmark = pytest.mark.timeout(60)

@@ -2,8 +2,6 @@
 
 Two agents on loopback (tests/agent/conftest.py), 2 ranks each; the kernel's stdin is stood in for
 by a scripted one (tests/launch/test_debugger.py), the real one is in tests/kernel.
-
-Imports internals (agent.remote): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -12,8 +10,7 @@ import os
 
 import pytest
 
-from nbaccel import Cluster, notebook_launcher
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import Cluster, NodeRankFailedError, notebook_launcher
 from nbaccel.testing import CollectingSink
 from tests.launch.test_debugger import ScriptedStdin, stdin  # noqa: F401 - the fixture
 

@@ -1,7 +1,4 @@
-"""What ends a launch across nodes from outside: a node killed, the kernel killed.
-
-Imports internals (agent.remote): it tests those units directly, below the public face.
-"""
+"""What ends a launch across nodes from outside: a node killed, the kernel killed."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ import time
 import psutil
 import pytest
 
-from nbaccel import Cluster, notebook_launcher
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import Cluster, NodeRankFailedError, notebook_launcher
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import agent_argv, descendants, start_agents, stop_agents, wait_until
 

@@ -1,6 +1,6 @@
 """Launches on two agents on loopback (each a "node" of 2 ranks): values, environment, output, errors.
 
-Imports internals (agent.remote, output.widgets.sink, wire.rank_env): it tests those units directly, below the public face.
+Imports internals (output.widgets.sink, wire.rank_env): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nbaccel import Cluster, LaunchTimeoutError, notebook_launcher
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import Cluster, LaunchTimeoutError, NodeRankFailedError, notebook_launcher
 from nbaccel.testing import CollectingSink, scaled
 from tests.agent.harness import interrupt_main_thread
 

@@ -1,7 +1,4 @@
-"""Fifty launches across two nodes leave no process, thread, fd, listening port or temp file behind.
-
-Imports internals (agent.remote): it tests those units directly, below the public face.
-"""
+"""Fifty launches across two nodes leave no process, thread, fd, listening port or temp file behind."""
 
 from __future__ import annotations
 
@@ -11,8 +8,7 @@ import threading
 import psutil
 import pytest
 
-from nbaccel import Cluster, notebook_launcher
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import Cluster, NodeRankFailedError, notebook_launcher
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import descendants, open_fds, wait_until
 

@@ -1,7 +1,4 @@
-"""Persistent workers across two loopback agents: one process group, namespaces that stay.
-
-Imports internals (agent.remote): it tests those units directly, below the public face.
-"""
+"""Persistent workers across two loopback agents: one process group, namespaces that stay."""
 
 from __future__ import annotations
 
@@ -10,8 +7,7 @@ import time
 
 import pytest
 
-from nbaccel import Cluster, PoolStoppedError, notebook_launcher, start_workers
-from nbaccel.agent.remote import NodeRankFailedError
+from nbaccel import Cluster, NodeRankFailedError, PoolStoppedError, notebook_launcher, start_workers
 from nbaccel.testing import CollectingSink, scaled
 from tests.agent.harness import descendants, interrupt_main_thread, wait_until
 

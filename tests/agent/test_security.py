@@ -2,7 +2,7 @@
 
 Each payload here would create a file when unpickled: the file must never appear.
 
-Imports internals (agent.link, agent.signing): it tests those units directly, below the public face.
+Imports internals (net.link, net.signing): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from nbaccel import Cluster, notebook_launcher
-from nbaccel.agent.link import cluster_id
-from nbaccel.agent.signing import new_secret, read_token, seal
+from nbaccel.net.link import cluster_id
+from nbaccel.net.signing import new_secret, read_token, seal
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import CreatesFile, agent_argv, descendants, poison, stop_agents, wait_until
 from tests.agent.proxy import Proxy

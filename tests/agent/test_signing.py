@@ -1,6 +1,6 @@
 """The signed transport, unit level: only authentic, fresh messages are ever decoded.
 
-Imports internals (agent.link, agent.signing): it tests those units directly, below the public face.
+Imports internals (net.link, net.signing): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import stat
 
 import pytest
 
-from nbaccel.agent.link import Link, cluster_id
-from nbaccel.agent.signing import (
+from nbaccel.net.link import Link, cluster_id
+from nbaccel.net.signing import (
     FrameReader,
     RefusedMessage,
     Signer,

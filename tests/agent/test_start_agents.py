@@ -1,9 +1,9 @@
-"""``cluster.start_agents`` on this machine: a command template as launcher, early failures, the token's places.
+"""``cluster.start_agents`` on this machine: a command template as the starting command, early failures, the token's places.
 
-The real ssh and Slurm launchers are tested against real daemons in test_real_clusters.py (root);
-these run anywhere: the template launcher is ``sh``, which runs the agent here on loopback.
+The real ssh and Slurm starts are tested against real daemons in test_real_clusters.py (root);
+these run anywhere: the template's command is ``sh``, which runs the agent here on loopback.
 
-Imports internals (agent, agent.cluster, agent.cluster_group, agent.link, agent.node, agent.signing, agent.starters): it tests those units directly, below the public face.
+Imports internals (agent.node, cluster.cluster, cluster.group, cluster.starters, net, net.link, net.signing): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 
 import nbaccel
 from nbaccel import Cluster
-from nbaccel.agent.cluster import AgentStartError
-from nbaccel.agent.cluster_group import layout
-from nbaccel.agent.starters import AgentStart, check_starts
+from nbaccel.cluster.cluster import AgentStartError
+from nbaccel.cluster.group import layout
+from nbaccel.cluster.starters import AgentStart, check_starts
 from nbaccel.testing import CollectingSink, scaled
 from tests.agent.harness import agent_argv, stop_agents
 
@@ -114,7 +114,7 @@ def test_slurm_from_a_login_node_needs_a_node_count(monkeypatch: pytest.MonkeyPa
 
 
 class _Ended(AgentStart):
-    """A start whose launcher ended (with the label of a node that joined, then was lost)."""
+    """A start whose starting command ended (with the label of a node that joined, then was lost)."""
 
     def __init__(self, label: str, started_at: float) -> None:
         self.label, self.expected, self.started_at = label, 1, started_at
@@ -139,10 +139,10 @@ def test_a_message_that_arrives_with_the_welcome_is_not_lost() -> None:
     import socket
     import threading
 
-    from nbaccel.agent import protocol
-    from nbaccel.agent.link import Link, new_nonce
     from nbaccel.agent.node import EXIT_OK, NodeAgent
-    from nbaccel.agent.signing import new_secret
+    from nbaccel.net import protocol
+    from nbaccel.net.link import Link, new_nonce
+    from nbaccel.net.signing import new_secret
 
     secret, listener = new_secret(), socket.create_server(("127.0.0.1", 0))
     agent = NodeAgent(f"127.0.0.1:{listener.getsockname()[1]}", secret, nproc_per_node=1)

@@ -1,6 +1,6 @@
 """Plans on GPUs decided without one: which GPUs the ranks get, Accelerate's RTX 40 guard, clusters, bf16.
 
-Imports internals (agent, agent.cluster, agent.remote, devices.nvml, launch, launch.options): it tests those units directly, below the public face.
+Imports internals (agent, cluster.cluster, cluster.plan, devices.nvml, launch, launch.options): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from nbaccel.agent import node
-from nbaccel.agent.cluster import NodeInfo
-from nbaccel.agent.remote import cluster_on_gpus
+from nbaccel.cluster.cluster import NodeInfo
+from nbaccel.cluster.plan import cluster_on_gpus
 from nbaccel.devices.nvml import Gpu
 from nbaccel.launch import plan as plan_module
 from nbaccel.launch.options import LaunchOptions

@@ -1,6 +1,6 @@
 """Unit tests of the launcher's parts: frames, lines, root cause, environment, rendezvous.
 
-Imports internals (agent, agent.cluster_group, errors, launch.lines, launch.outcome, launch.preflight, launch.rendezvous, output.choose, output.sinks, wire, wire.rank_env): it tests those units directly, below the public face.
+Imports internals (cluster.group, errors, launch.lines, launch.outcome, launch.preflight, launch.rendezvous, net, output.choose, output.sinks, wire, wire.rank_env): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_a_frame_forwarded_by_a_node_agent_is_decoded_by_the_same_kind_decoder()
     """A node of another version sending an unknown kind gets FrameError, not a bare ValueError."""
     from types import SimpleNamespace
 
-    from nbaccel.agent import protocol
-    from nbaccel.agent.cluster_group import ClusterRankGroup, NodeSlot
+    from nbaccel.cluster.group import ClusterRankGroup, NodeSlot
+    from nbaccel.net import protocol
 
     node = SimpleNamespace(host="h", address="10.0.0.2")
     group = ClusterRankGroup.__new__(ClusterRankGroup)

@@ -1,6 +1,6 @@
 """Persistent workers through the Python API: state across calls, failures, interrupts, teardown.
 
-Imports internals (launch.local, launch.options, launch.plan, output.sinks): it tests those units directly, below the public face.
+Imports internals (launch.local, launch.options, launch.plan, output.sinks, pool.pool, pool.task_policy): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import nbaccel
-import nbaccel.pool.task as task_policy
+import nbaccel.pool.task_policy as task_policy
 from nbaccel import PoolStoppedError, start_workers
 
 pytestmark = pytest.mark.timeout(90)
@@ -257,7 +257,7 @@ class _FlushCounter(io.StringIO):
 def test_start_runs_the_sink_lifecycle_around_start_up_output(monkeypatch) -> None:
     """What ranks print while the pool starts reaches a sink between launch_started and launch_finished (a text sink flushes there)."""
     import nbaccel.pool.pool as pool_module
-    from nbaccel.launch.local import LocalLauncher
+    from nbaccel.launch.local import LocalGroupStarter
     from nbaccel.launch.options import LaunchOptions
     from nbaccel.launch.plan import choose_starter, make_plan
     from nbaccel.output.sinks import TextSink
@@ -285,7 +285,7 @@ def test_start_runs_the_sink_lifecycle_around_start_up_output(monkeypatch) -> No
 
     stdout = _FlushCounter()
     plan = make_plan(LaunchOptions(num_processes=2, cpu=True, start_method="fork"), time.monotonic())
-    workers = pool_module.WorkerPool(plan, LocalLauncher(choose_starter("fork")), None, 60.0).start(output=Recording(stdout=stdout))
+    workers = pool_module.WorkerPool(plan, LocalGroupStarter(choose_starter("fork")), None, 60.0).start(output=Recording(stdout=stdout))
     try:
         assert workers.run(lambda: 1) == [1, 1]
     finally:

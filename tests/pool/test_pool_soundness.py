@@ -4,7 +4,7 @@ Real workers on gloo: a peer failing while a rank is blocked in native code that
 interrupt (issue 14, item 4), ranks left at different collective counts (item 5), and a rank
 whose CUDA context died (item 6, with an exception that reads like CUDA's: no GPU here).
 
-Imports nbaccel.pool.task and pool.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
+Imports nbaccel.pool.task_policy and pool.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import nbaccel
-import nbaccel.pool.task as task_policy
+import nbaccel.pool.task_policy as task_policy
 from nbaccel import PoolStoppedError, start_workers
 
 pytestmark = pytest.mark.timeout(90)

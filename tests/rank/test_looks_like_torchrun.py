@@ -3,7 +3,7 @@
 torchrun's worker environment is read off a real ``torchrun --nproc-per-node 2`` (the venv's),
 not copied from its source: a torch that adds a variable fails the comparison.
 
-Imports internals (output.sinks, pool, wire.rank_env): it tests those units directly, below the public face.
+Imports internals (output.sinks, wire.rank_env): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 import nbaccel
-from nbaccel.pool import start_local_workers
 from nbaccel.testing import scaled
 from nbaccel.wire.rank_env import TORCHRUN_VARIABLES
 
@@ -123,7 +122,7 @@ def register_writer(namespace: dict[str, Any], folder: str) -> None:
 
 
 def test_persistent_workers_run_their_atexit_handlers_when_stopped(tmp_path: Path) -> None:
-    with start_local_workers(2) as workers:
+    with nbaccel.start_workers(2) as workers:
         workers.run_task(lambda namespace: register_writer(namespace, str(tmp_path)), output="text")
         assert list(tmp_path.iterdir()) == []  # not at the end of the cell: at the worker's end
     assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["closed", "closed"]

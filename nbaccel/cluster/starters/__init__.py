@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nbaccel.agent.starters.base import AgentStart
-from nbaccel.agent.starters.slurm import start_by_slurm
-from nbaccel.agent.starters.ssh import start_by_ssh
-from nbaccel.agent.starters.template import AGENT_WORD, start_by_template
+from nbaccel.cluster.starters.base import AgentStart
+from nbaccel.cluster.starters.slurm import start_by_slurm
+from nbaccel.cluster.starters.ssh import start_by_ssh
+from nbaccel.cluster.starters.template import AGENT_WORD, start_by_template
 from nbaccel.launch.notices import say
 
 __all__ = ["AgentStart", "AgentStartError", "check_starts", "start_with"]
 
 
 class AgentStartError(RuntimeError):
-    """A launcher (ssh, srun, a Slurm job) ended before its agents joined; says its exit code and output."""
+    """A starting command (ssh, srun, a Slurm job) ended before its agents joined; says its exit code and output."""
 
 
 def check_starts(starts: Sequence[AgentStart], joined: Sequence[tuple[str, float]], said: dict[int, str]) -> None:

@@ -3,7 +3,7 @@
 ``via`` is a command template: ``{host}`` is replaced by each host, and the word ``{agent}`` by the
 agent's command line (``nbaccel-agent ADDRESS --token-stdin ...``). The secret is written to the
 command's standard input, so it is never in an argument or an environment. ssh is this with
-``ssh [options] {host} {agent}`` (``nbaccel.agent.starters.ssh``).
+``ssh [options] {host} {agent}`` (``nbaccel.cluster.starters.ssh``).
 
 Example (Kubernetes: one pod per node, ``-i`` forwards stdin)::
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from nbaccel.agent.starters.base import ProcessStart, agent_argv, environment, secret_line
+from nbaccel.cluster.starters.base import ProcessStart, agent_argv, environment, secret_line
 
 AGENT_WORD, HOST_FIELD = "{agent}", "{host}"
 
@@ -52,9 +52,9 @@ def start_by_template(
     remote_shell: bool = False,
     first_order: int = 0,
 ) -> list[ProcessStart]:
-    """One launcher process per host, each handed the secret on its stdin.
+    """One starting command's process per host, each handed the secret on its stdin.
 
-    ``remote_shell``: the launcher passes one command line to a shell there (ssh does), so the
+    ``remote_shell``: the starting command passes one command line to a shell there (ssh does), so the
     agent's words go as one shell-quoted word. Node ranks follow ``hosts`` (``--order``), after
     the ``first_order`` nodes started earlier.
     """

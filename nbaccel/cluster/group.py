@@ -1,6 +1,6 @@
-"""The engine's ``Launcher`` and ``RankGroup`` for several nodes: ranks on agents, events over the network.
+"""The engine's ``GroupStarter`` and ``RankGroup`` for several nodes: ranks on agents, events over the network.
 
-Per attempt the launcher assigns node ranks (the order of start_agents' hosts, or Slurm's node
+Per attempt the group starter assigns node ranks (the order of start_agents' hosts, or Slurm's node
 order where srun started the agents; else a node on the kernel's own address first, then the
 order the nodes joined) and global ranks (node by node: rank 0 is node 0's local rank 0), hosts
 a fresh rendezvous store bound to the cluster's address, and sends every node the signed launch.
@@ -12,7 +12,7 @@ agents, which signal only the ranks they started.
 
 Example::
 
-    group = ClusterLauncher(cluster).start_group(job, plan, attempt=0, persistent=False)
+    group = ClusterGroupStarter(cluster).start_group(job, plan, attempt=0, persistent=False)
     try:
         EventLoop(group, sink, OneShot()).run()
     finally:
@@ -28,16 +28,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbaccel.agent import protocol
-from nbaccel.agent.cluster import Cluster, NodeInfo
-from nbaccel.agent.inbox import Item, LaunchInbox
-from nbaccel.agent.link import new_nonce
+from nbaccel.cluster.cluster import Cluster, NodeInfo
+from nbaccel.cluster.inbox import Item, LaunchInbox
 from nbaccel.errors import PreflightError
 from nbaccel.launch.outcome import Status, with_cell_names
 from nbaccel.launch.pipes import LAST_LINES
 from nbaccel.launch.rendezvous import LoopbackRendezvous
-from nbaccel.launch.seam import Launcher, LaunchPlan
+from nbaccel.launch.seam import GroupStarter, LaunchPlan
 from nbaccel.launch.stacks import RankStack, summarise, without_launch_frames
+from nbaccel.net import protocol
+from nbaccel.net.link import new_nonce
 from nbaccel.wire import events, rich
 from nbaccel.wire.job import Job
 from nbaccel.wire.portable import Sourced
@@ -76,7 +76,7 @@ def layout(nodes: list[NodeInfo], kernel_host: str | None = None) -> list[NodeSl
     return slots
 
 
-class ClusterLauncher(Launcher):
+class ClusterGroupStarter(GroupStarter):
     """Starts every attempt (or pool) on the cluster's live nodes."""
 
     start_method = "fork"  # on every node, through torch elastic's start_processes

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbaccel import _version
-from nbaccel.agent import protocol
-from nbaccel.agent.inbox import LaunchInbox
-from nbaccel.agent.link import Link, new_nonce
-from nbaccel.agent.node import split_address
-from nbaccel.agent.signing import Message, new_secret, private_token_dir, write_token_file
-from nbaccel.agent.starters import AgentStart, AgentStartError, check_starts, start_with
+from nbaccel.cluster.inbox import LaunchInbox
+from nbaccel.cluster.starters import AgentStart, AgentStartError, check_starts, start_with
+from nbaccel.net import protocol
+from nbaccel.net.link import Link, new_nonce, split_address
+from nbaccel.net.signing import Message, new_secret, private_token_dir, write_token_file
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11; annotations only, never imported
@@ -180,7 +179,7 @@ class Cluster:
 
         ``agent``: the agent's path on the nodes (default: the kernel's environment's
         ``nbaccel-agent``, right for a shared filesystem). Then ``wait(nodes=N)``: it fails at
-        once, with the launcher's exit code and output, when a launcher ends before its agent
+        once, with the starting command's exit code and output, when a starting command ends before its agent
         joined. ``close()`` ends what was started (a submitted Slurm job is cancelled).
         See docs/multinode.md for the three ways.
         """
@@ -237,7 +236,7 @@ class Cluster:
         os.write(self._wake_w, b"x")
         self._thread.join(5.0)
         starts, self.starts = self.starts, []
-        for start in starts:  # the agents were told to exit; a launcher still running is ended
+        for start in starts:  # the agents were told to exit; a starting command still running is ended
             start.stop(grace=5.0)
         try:
             os.unlink(self.token_file)
@@ -271,7 +270,7 @@ class Cluster:
             f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>started</th><th>state</th></tr>{rows}</table></div>"
         )
 
-    # -- used by the remote launcher -----------------------------------------------------------
+    # -- used by the cluster's rank groups -----------------------------------------------------------
 
     def send(self, node: NodeInfo, kind: str, body: Any = None, launch: str | None = None, raw: bytes | None = None) -> bool:
         """Send to one node; False if it is gone (the thread will declare it lost)."""

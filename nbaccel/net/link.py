@@ -28,7 +28,7 @@ import socket
 import threading
 from typing import Any
 
-from nbaccel.agent.signing import FrameReader, Message, RefusedMessage, Signer, Verifier
+from nbaccel.net.signing import FrameReader, Message, RefusedMessage, Signer, Verifier
 
 log = logging.getLogger("nbaccel.cluster")
 
@@ -116,3 +116,16 @@ def _peer_name(sock: socket.socket) -> str:
     except OSError:
         return "?"
     return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name or "local")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets or not) as ``(host, port)``.
+
+    Example:
+        >>> split_address("[fd00::1]:29400")
+        ('fd00::1', 29400)
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not HOST:PORT; pass the address the cluster printed (cluster.address).")
+    return host.strip("[]"), int(port)

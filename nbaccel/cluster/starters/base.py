@@ -1,7 +1,7 @@
 """What every way of starting agents gives the cluster: a handle it watches while waiting and stops at close.
 
 A start brings ``expected`` agents that join with ``--started-by LABEL``; the cluster counts
-joined nodes per label. ``failure()`` says why no (more) agent can come from it (the launcher
+joined nodes per label. ``failure()`` says why no (more) agent can come from it (the starting command
 process ended first: its exit code and the tail of its output); ``progress()`` where it stands
 while the cluster waits (a Slurm job's queue state). ``ProcessStart`` is the start of one local
 process (ssh, srun, kubectl) that nbaccel started and may therefore signal.
@@ -55,7 +55,7 @@ def agent_argv(agent: str | list[str] | None, address: str, label: str, nproc_pe
 
 
 def output_tail(data: bytes) -> str:
-    """The last lines of what a launcher printed, one string ("" when it printed nothing).
+    """The last lines of what a starting command printed, one string ("" when it printed nothing).
 
     Example:
         >>> output_tail(b"a\\nb\\nbash: nbaccel-agent: command not found\\n")
@@ -86,7 +86,7 @@ class AgentStart(ABC):
 
 
 class ProcessStart(AgentStart):
-    """One local launcher process (ssh, srun, kubectl exec, ...); its output kept for the error."""
+    """One local starting command's process (ssh, srun, kubectl exec, ...); its output kept for the error."""
 
     def __init__(self, label: str, argv: list[str], expected: int = 1, stdin_line: str | None = None, env: dict[str, str] | None = None) -> None:
         self.label, self.argv, self.expected = label, argv, expected
@@ -144,11 +144,11 @@ class ProcessStart(AgentStart):
 
 
 def secret_line(token_file: str) -> str:
-    """The token file's one line, for a launcher's stdin."""
+    """The token file's one line, for a starting command's stdin."""
     with open(token_file, encoding="ascii") as handle:
         return handle.read().strip()
 
 
 def environment(extra: dict[str, str] | None) -> dict[str, str] | None:
-    """The launcher's environment: the kernel's, plus ``extra``."""
+    """The starting command's environment: the kernel's, plus ``extra``."""
     return None if not extra else {**os.environ, **extra}

@@ -17,8 +17,8 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from nbaccel.agent.starters.base import ProcessStart
-from nbaccel.agent.starters.template import AGENT_WORD, start_by_template
+from nbaccel.cluster.starters.base import ProcessStart
+from nbaccel.cluster.starters.template import AGENT_WORD, start_by_template
 
 
 def ssh_template(ssh_options: Sequence[str] = (), ssh_config: str | None = None) -> list[str]:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from nbaccel.agent.starters.base import AgentStart, ProcessStart, agent_argv, output_tail
+from nbaccel.cluster.starters.base import AgentStart, ProcessStart, agent_argv, output_tail
 
 _SQUEUE_EVERY = 0.5  # seconds between queue looks while waiting: squeue is cheap, a missed start is not
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")

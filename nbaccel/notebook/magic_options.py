@@ -261,7 +261,7 @@ def with_cluster(kwargs: dict[str, Any], args: argparse.Namespace, user_ns: dict
     name = getattr(args, "cluster", None)
     if name is None:
         return kwargs
-    from nbaccel.agent.cluster import Cluster
+    from nbaccel.cluster.cluster import Cluster
 
     cluster = user_ns.get(name)
     if not isinstance(cluster, Cluster):

@@ -1,6 +1,6 @@
 """Each magic option is declared once: a one-shot cell and `%distributed start` share the launch options.
 
-Imports internals (notebook, notebook.magics, notebook.options): it tests those units directly, below the public face.
+Imports internals (notebook, notebook.magic_options, notebook.magics): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import argparse
 import pytest
 
 from nbaccel.notebook import pool_commands
+from nbaccel.notebook.magic_options import CELL_OPTIONS, LAUNCH_OPTIONS
 from nbaccel.notebook.magics import DistributedMagics
-from nbaccel.notebook.options import CELL_OPTIONS, LAUNCH_OPTIONS
 
 
 def spellings(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
@@ -77,7 +77,7 @@ def test_each_help_describes_every_option_once() -> None:
 
 
 def test_stall_report_takes_seconds_or_off() -> None:
-    from nbaccel.notebook.options import STALL_REPORT_OFF, stall_seconds
+    from nbaccel.notebook.magic_options import STALL_REPORT_OFF, stall_seconds
 
     assert stall_seconds("60") == 60.0
     assert stall_seconds("off") == STALL_REPORT_OFF and stall_seconds("None") == STALL_REPORT_OFF

@@ -13,7 +13,7 @@ ranks died with their agent (``PR_SET_PDEATHSIG``), or with the agent that gave 
 
 Example::
 
-    pool = start_cluster_workers(cluster)        # what start_workers(cluster=cluster) runs
+    pool = start_cluster_workers(cluster, LaunchOptions())   # what start_workers(cluster=cluster) runs
     pool.push(scale=10)
     pool.run(lambda: int(os.environ["RANK"]))     # [0, 1, 2, 3] on 2 nodes x 2 ranks
     pool.restart(wait_for=2)                      # after a node was lost and a new agent started
@@ -27,18 +27,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbaccel.agent.cluster import Cluster
-from nbaccel.agent.cluster_group import ClusterLauncher, ClusterRankGroup
-from nbaccel.agent.remote import cluster_plan, naming_nodes
+from nbaccel.cluster.cluster import Cluster
+from nbaccel.cluster.failures import naming_nodes
+from nbaccel.cluster.group import ClusterGroupStarter, ClusterRankGroup
+from nbaccel.cluster.plan import cluster_plan
 from nbaccel.errors import RankFailedError
 from nbaccel.launch.loop import EventLoop
 from nbaccel.launch.notices import say
-from nbaccel.launch.options import DEFAULT_STALL_REPORT, check_timeout
+from nbaccel.launch.options import LaunchOptions
 from nbaccel.launch.outcome import Status
-from nbaccel.launch.seam import LaunchPlan, RankGroup
+from nbaccel.launch.seam import RankGroup
 from nbaccel.output.sinks import Sink
 from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus
-from nbaccel.pool.task import Task
+from nbaccel.pool.task_policy import Task
 
 
 class NodeLostPoolError(PoolStoppedError):
@@ -48,17 +49,17 @@ class NodeLostPoolError(PoolStoppedError):
 class ClusterWorkers(WorkerPool):
     """A ``WorkerPool`` whose ranks run on the cluster's nodes (namespaces start empty there)."""
 
-    def __init__(self, cluster: Cluster, plan: LaunchPlan, start_timeout: float, cpu: bool = False) -> None:
+    def __init__(self, cluster: Cluster, options: LaunchOptions, start_timeout: float) -> None:
         # No seed namespace: a node cannot inherit the notebook's variables; push them instead.
-        super().__init__(plan, ClusterLauncher(cluster), None, start_timeout)
+        super().__init__(cluster_plan(cluster, options, time.monotonic()), ClusterGroupStarter(cluster), None, start_timeout)
         self.cluster = cluster
-        self._cpu = cpu
+        self.options = options
 
     def start(self, output: str | Sink = "text") -> ClusterWorkers:
         try:
             super().start(output)
         except RankFailedError as error:
-            raise naming_nodes(error, self.launcher) from None  # type: ignore[arg-type]
+            raise naming_nodes(error, self.group_starter) from None  # type: ignore[arg-type]
         return self
 
     def restart(self, wait_for: int | None = None, timeout: float = 120.0) -> ClusterWorkers:
@@ -70,8 +71,7 @@ class ClusterWorkers(WorkerPool):
         if wait_for is not None:
             self.cluster.wait(nodes=wait_for, timeout=timeout)
         # The same options on the nodes there now: rank counts follow the live nodes.
-        fresh = cluster_plan(self.cluster, self.plan.mixed_precision, None, 0, self._cpu, time.monotonic())
-        self.plan = dataclasses.replace(fresh, stall_report=self.plan.stall_report)
+        self.plan = cluster_plan(self.cluster, self.options, time.monotonic())
         self._seed = None
         return self.start()
 
@@ -96,7 +96,7 @@ class ClusterWorkers(WorkerPool):
         try:
             return super().run_task(task, ranks, timeout, output, label, remember)
         except RankFailedError as error:
-            raise naming_nodes(error, self.launcher) from None  # type: ignore[arg-type]
+            raise naming_nodes(error, self.group_starter) from None  # type: ignore[arg-type]
 
     def _check_alive(self, group: RankGroup) -> None:
         if self.lost:
@@ -137,11 +137,9 @@ class ClusterWorkers(WorkerPool):
         return f"<ClusterWorkers {self.num_processes} ranks on the cluster at {self.cluster.address}, {state}>"
 
 
-def start_cluster_workers(
-    cluster: Cluster, *, mixed_precision: str = "no", cpu: bool = False, start_timeout: float = 120.0, stall_report: float | None = DEFAULT_STALL_REPORT
-) -> ClusterWorkers:
-    """Persistent workers on every rank of every live node; returns when all joined the group."""
-    check_timeout(start_timeout, "start_timeout")
-    check_timeout(stall_report, "stall_report")
-    plan = dataclasses.replace(cluster_plan(cluster, mixed_precision, None, 0, cpu, time.monotonic()), stall_report=stall_report)
-    return ClusterWorkers(cluster, plan, start_timeout, cpu).start()
+def start_cluster_workers(cluster: Cluster, options: LaunchOptions, start_timeout: float = 120.0) -> ClusterWorkers:
+    """Persistent workers on every rank of every live node; returns when all joined the group.
+
+    ``num_processes``, ``gpus`` and ``start_method`` of ``options`` do not apply: the nodes decide.
+    """
+    return ClusterWorkers(cluster, options, start_timeout).start()
