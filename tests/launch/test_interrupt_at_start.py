@@ -3,7 +3,7 @@
 Unfreezing the kernel's heap after the last fork takes a while (a large heap): a Ctrl-C lands
 there often enough. Raised from ``gc.unfreeze`` here, so the moment is exact.
 
-Imports internals (launch.outcome, output.sinks): it tests those units directly, below the public face.
+Imports internals (launch.outcome): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import nbaccel
 from nbaccel.launch.outcome import RankOutcome
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,7 +1,4 @@
-"""Real launches: forked ranks on gloo, their output, results, failures, timeouts, interrupts.
-
-Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
-"""
+"""Real launches: forked ranks on gloo, their output, results, failures, timeouts, interrupts."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ import pytest
 
 import nbaccel
 import nbaccel.launch.plan as plan_module
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """Many launches in one process leak no process, thread, fd, temp directory or port.
 
-Imports internals (output.choose, output.sinks): it tests those units directly, below the public face.
+Imports internals (output.choose): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -1,7 +1,4 @@
-"""Out of memory, named: a rank past RLIMIT_AS, a rank the OOM killer takes in a memory cgroup.
-
-Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
-"""
+"""Out of memory, named: a rank past RLIMIT_AS, a rank the OOM killer takes in a memory cgroup."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(120)
 

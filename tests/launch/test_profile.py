@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 from nbaccel.testing import scaled
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,7 +1,4 @@
-"""The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread.
-
-Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
-"""
+"""The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import threading
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(60)
 

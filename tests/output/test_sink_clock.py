@@ -3,8 +3,6 @@
 A rank prints one line and then stays quiet until a marker file exists; only a tick of the sink
 that comes after that line, while no output arrives, writes the marker. So the launch returns
 True only if the loop woke up for the sink alone (no thread, no later line to ride on).
-
-Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -3,8 +3,6 @@
 A bare fork skipped multiprocessing's after-fork hooks and the rank's os._exit skipped its exit
 function: an inherited queue counted items get() never saw, and items put right before a rank
 returned were lost (issue 16). Each test here failed that way before rank/exit_hooks.py.
-
-Imports nbaccel.output.sinks (internal): its CollectingSink records the events a launch emits, which the public face does not show.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Any
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 from nbaccel.testing import scaled
 
 FORK = multiprocessing.get_context("fork")

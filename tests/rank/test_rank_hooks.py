@@ -1,6 +1,6 @@
 """Rank hooks in real ranks (fork and spawn): display(), figures, tqdm and widgets become events.
 
-Imports internals (output.sinks, rank, wire): it tests those units directly, below the public face.
+Imports internals (rank, wire): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import nbaccel
-from nbaccel.output.sinks import CollectingSink
+from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(90)
 
