@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 import nbaccel
-from nbaccel.testing import CollectingSink
-from nbaccel.testing import scaled
+from nbaccel.testing import CollectingSink, scaled
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 import nbaccel
-from nbaccel.testing import CollectingSink
-from nbaccel.testing import scaled
+from nbaccel.testing import CollectingSink, scaled
 
 FORK = multiprocessing.get_context("fork")
 
