@@ -1,9 +1,9 @@
 """``notebook_launcher`` and ``start_workers``: run a function on one process per GPU, or start workers.
 
-Both dispatch ``cluster=`` here, above the pool and the agent, so nothing below knows which
-launcher runs the ranks (``nbaccel/launch/seam.py``). The one-node function validates, decides,
-and hands over: preflight and device choice live in
-``nbaccel.launch.preflight``, the ranks in ``nbaccel.launch``, their output in ``nbaccel.output``.
+Both check their arguments once (``LaunchOptions``), then dispatch ``cluster=`` here, above the
+pool and ``nbaccel.cluster``, so nothing below knows which group starter runs the ranks
+(``nbaccel/launch/seam.py``). They validate, decide and hand over: preflight and device choice
+live in ``nbaccel.launch.plan``, the ranks in ``nbaccel.launch``, their output in ``nbaccel.output``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 When a rank fails the others are stopped at once (SIGTERM, then SIGKILL): a peer blocked in a
 collective would otherwise wait for the process group's timeout. On an interrupt, SIGINT first
-so Python code can unwind; on a timeout, like a failure. Only the ranks' own process groups are
-ever signalled. ``run_attempt`` runs one attempt of a launch through any ``GroupStarter``;
+so Python code can unwind; on a timeout, like a failure. Only the ranks (and the POSIX process
+groups each leads, its DataLoader workers) are ever signalled. ``run_attempt`` runs one attempt of a launch through any ``GroupStarter``;
 ``run_launch`` is the restart strategy over attempts.
 
 Example::

@@ -4,8 +4,8 @@ it (``RankGroup``), and where the loop sends what the ranks say (``Sink``, imple
 
 Every launch mode goes through them: a one-shot launch asks a ``GroupStarter`` for a group that runs
 one job and ends; persistent workers ask for a group that stays and takes commands. The one-node
-``LocalGroupStarter`` starts ranks on this machine (fork, the fork server or spawn: the ``RankStarter``); a launcher for
-several nodes implements the same two methods, with a ``RankGroup`` whose ranks live on node agents
+``LocalGroupStarter`` starts ranks on this machine (fork, the fork server or spawn: the ``RankStarter``); a group starter
+for several nodes implements the same two methods, with a ``RankGroup`` whose ranks live on node agents
 and whose events arrive over the network instead of pipes. Nothing above this module knows which.
 
 Example::
