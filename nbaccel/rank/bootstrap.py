@@ -12,6 +12,7 @@ Example (what ForkStarter does)::
 
 from __future__ import annotations
 
+import _signal
 import bdb
 import faulthandler
 import os
@@ -36,6 +37,7 @@ _EXIT_RAISED = 1
 # its peers' stacks: without it a peer blocked in a collective dies of "connection closed" first.
 _HOLD_FOR_STACKS = 2.0
 _PR_SET_PDEATHSIG = 1
+_DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
 # Resolved in the kernel, once: a lookup in every rank would cost it a dlsym and dirty pages.
 _prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
 
@@ -105,10 +107,12 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:  # it died before prctl took effect
             os._exit(_EXIT_SETUP_FAILED)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD", "SIGUSR1", "SIGUSR2"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # _signal's own functions: signal.signal wraps each old handler in an enum, objects a rank
+    # would make (and pages it would copy from the kernel) only to drop them.
+    _signal.signal(signal.SIGINT, _signal.default_int_handler)
+    for number in _DEFAULT_SIGNALS:
+        if _signal.getsignal(number) != _signal.SIG_DFL:
+            _signal.signal(number, _signal.SIG_DFL)
     for fd in close_fds:
         try:
             os.close(fd)

@@ -32,10 +32,30 @@ def redirect_stdio(stdout_fd: int, stderr_fd: int) -> None:
         os.close(stdout_fd)
     if stderr_fd > 2:
         os.close(stderr_fd)
+    stdout, stderr = _RANK_STREAMS[0] if _RANK_STREAMS else (_text_stream(1), _text_stream(2))
     # typeshed marks sys.__stdout__/__stderr__ Final; a rank rebinds them on purpose.
-    sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]
-    sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = stdout  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = stderr  # type: ignore[misc]
     _retarget_logging(old_streams)
+
+
+def prepare() -> None:
+    """Kernel side, before a fork (``os.register_at_fork``): the rank's two streams, made once.
+
+    A forked rank then only binds them: making six stream objects in every rank would write
+    (and so copy, page by page) more of the kernel's memory than binding two does. They wrap
+    fds 1 and 2 without owning them and are never written in the kernel, so every rank forked
+    from it binds its own copy of the same, still empty, pair (``redirect_stdio``).
+
+    Example:
+        >>> prepare(); len(_RANK_STREAMS)
+        1
+    """
+    if not _RANK_STREAMS:
+        _RANK_STREAMS.append((_text_stream(1), _text_stream(2)))
+
+
+_RANK_STREAMS: list[tuple[io.TextIOWrapper, io.TextIOWrapper]] = []  # at most one pair, unused in the kernel
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -69,3 +89,6 @@ def flush_all() -> None:
             pass
     if _libc is not None:
         _libc.fflush(None)
+
+
+os.register_at_fork(before=prepare)

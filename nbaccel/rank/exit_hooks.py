@@ -8,10 +8,10 @@ made in the notebook believes the kernel's feeder thread is its own (``qsize()``
 
 ``start`` (right after the fork) does what ``_bootstrap`` does: a fresh process table (no
 children, counter from 1), the after-fork hooks (queues reset their feeder, locks their owner,
-Manager proxies reconnect), an empty finalizer registry; and it sets the kernel's ``atexit``
+Manager proxies reconnect), an empty finalizer registry; and it leaves the kernel's ``atexit``
 handlers aside (the kernel runs them itself; a rank running them would, say, save the
-notebook's history from a copy of it). ``finish`` (before ``os._exit``) runs the ``atexit``
-handlers the rank's code registered (loggers, trackers' ``finish``, ``SummaryWriter.close``),
+notebook's history from a copy of it): from then on ``atexit.register`` records the rank's
+own. ``finish`` (before ``os._exit``) runs the ``atexit`` handlers the rank's code registered (loggers, trackers' ``finish``, ``SummaryWriter.close``),
 then multiprocessing's exit function (finalizers: queue feeders flush and join; the rank's
 own children are joined), within ``NBACCEL_EXIT_TIMEOUT`` seconds (default 10): a handler that
 hangs past that gets one line on stderr and the rank exits anyway.
@@ -35,6 +35,8 @@ import itertools
 import os
 import sys
 import threading
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 TIMEOUT_VARIABLE = "NBACCEL_EXIT_TIMEOUT"
@@ -44,11 +46,29 @@ _state: dict[str, Any] = {"started": False}
 
 
 def start(parent_pid: int) -> None:
-    """In a fresh rank: multiprocessing's after-fork work; the inherited atexit handlers dropped."""
-    atexit._clear()  # the kernel's: never run in a rank
+    """In a fresh rank: multiprocessing's after-fork work; the rank's own atexit handlers recorded.
+
+    The kernel's handlers stay in ``atexit``'s table, which nothing in a rank runs (it ends with
+    ``os._exit``); clearing the table would touch every one of them, and copy their pages.
+    """
+    atexit.register, atexit.unregister = _register, _unregister
     if "multiprocessing" in sys.modules and not _started_by_multiprocessing(parent_pid):
         _become_multiprocessing_child()
     _state["started"] = True
+
+
+_handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []  # the rank's own, in order
+
+
+def _register(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """``atexit.register`` in a rank: kept for ``finish``, run last-in first-out."""
+    _handlers.append((func, args, kwargs))
+    return func
+
+
+def _unregister(func: Callable[..., Any], /) -> None:
+    """``atexit.unregister`` in a rank: every registration of ``func`` is dropped."""
+    _handlers[:] = [entry for entry in _handlers if entry[0] != func]
 
 
 def _started_by_multiprocessing(parent_pid: int) -> bool:
@@ -69,15 +89,42 @@ def _become_multiprocessing_child() -> None:
     util: Any = importlib.import_module("multiprocessing.util")
     kernel_side = process._current_process
     if type(kernel_side).__name__ == "_MainProcess":  # the class itself is deleted from the module
-        me = type(kernel_side)()
-        me._config = dict(kernel_side._config)  # authkey, semaphore prefix
-        process._current_process = me
+        process._current_process = _prepared.get("main") or _main_process_like(kernel_side)
     process._parent_process = None
     process._children = set()  # the kernel's children are not the rank's to join
     process._process_counter = itertools.count(1)
     util._finalizer_registry.clear()  # the kernel's finalizers are the kernel's
     util._run_after_forkers()
     del kernel_side
+
+
+def _main_process_like(kernel_side: Any) -> Any:
+    me = type(kernel_side)()
+    me._config = dict(kernel_side._config)  # authkey, semaphore prefix
+    return me
+
+
+_prepared: dict[str, Any] = {}
+
+
+def prepare() -> None:
+    """Kernel side, before a fork (``os.register_at_fork``): the "MainProcess" a forked rank
+    becomes, made here once (again only when the kernel's authkey or prefix changed), so that
+    each rank binds it instead of making one.
+
+    Example:
+        >>> import multiprocessing
+        >>> prepare(); _prepared["main"].authkey == multiprocessing.current_process().authkey
+        True
+    """
+    process = sys.modules.get("multiprocessing.process")
+    kernel_side = getattr(process, "_current_process", None)
+    if kernel_side is None or type(kernel_side).__name__ != "_MainProcess":
+        _prepared.clear()
+        return
+    made = _prepared.get("main")
+    if made is None or made._config != kernel_side._config:
+        _prepared["main"] = _main_process_like(kernel_side)
 
 
 def timeout() -> float:
@@ -120,7 +167,7 @@ def finish(exit_code: int) -> None:
 
 
 def _anything_to_run() -> bool:
-    if atexit._ncallbacks():
+    if _handlers:
         return True
     process = sys.modules.get("multiprocessing.process")
     util = sys.modules.get("multiprocessing.util")
@@ -129,12 +176,18 @@ def _anything_to_run() -> bool:
 
 def _run_exit_functions() -> None:
     util = sys.modules.get("multiprocessing.util")
-    if util is not None:
-        atexit.unregister(util._exit_function)  # registered when imported in the rank: run last, once
-    atexit._run_exitfuncs()  # prints a handler's exception, as Python does at exit, and goes on
-    if util is not None:
+    exit_function = getattr(util, "_exit_function", None)  # registered when imported in the rank: run last, once
+    while _handlers:
+        func, args, kwargs = _handlers.pop()
+        if func is exit_function:
+            continue
         try:
-            util._exit_function()  # finalizers (queue feeders flush and join), own children joined
+            func(*args, **kwargs)
+        except BaseException:  # noqa: BLE001 - as at interpreter exit: say so, go on
+            print(f"Exception ignored in atexit callback: {func!r}\n{traceback.format_exc()}", end="", file=sys.stderr)
+    if exit_function is not None:
+        try:
+            exit_function()  # finalizers (queue feeders flush and join), own children joined
         except Exception as exc:  # noqa: BLE001 - as at interpreter exit: say so, go on
             print(f"nbaccel: multiprocessing's exit function failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -148,3 +201,6 @@ def _end_if_hung(done: threading.Event, limit: float, exit_code: int) -> None:
         os.write(2, line.encode())
     finally:
         os._exit(exit_code)
+
+
+os.register_at_fork(before=prepare)

@@ -17,7 +17,6 @@ import faulthandler
 import os
 import signal
 import sys
-from typing import IO
 
 from nbaccel.rank import collective_count
 from nbaccel.wire import flight_recorder
@@ -25,18 +24,24 @@ from nbaccel.wire import flight_recorder
 STACK_SIGNAL = signal.SIGUSR2
 STACK_FILE_VARIABLE = "NBACCEL_STACK_FILE"
 
-_dump_file: IO[str] | None = None  # kept open for the handler, for the rank's lifetime
+_dump_fd: int | None = None  # kept open for the handler, for the rank's lifetime
 
 
 def install(path: str | None) -> None:
     """Dump all threads' stacks to ``path`` on STACK_SIGNAL; nothing when ``path`` is unset."""
-    global _dump_file
+    global _dump_fd
     if not path:
         return
-    _dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the handler, for the rank's lifetime; append: each dump lands where the kernel truncated
-    with open(last_line_path(path), "w", encoding="utf-8") as last:
-        last.write(_outermost_frame_line())
-    faulthandler.register(STACK_SIGNAL, file=_dump_file, all_threads=True, chain=False)
+    # Raw fds, no Python file objects: a rank's start-up cost is mostly the memory pages it
+    # writes to (copy-on-write from the kernel), and each file object is several new objects.
+    # Append: each dump lands where the kernel truncated.
+    _dump_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    last = os.open(last_line_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(last, _outermost_frame_line().encode())
+    finally:
+        os.close(last)
+    faulthandler.register(STACK_SIGNAL, file=_dump_fd, all_threads=True, chain=False)
     collective_count.start_answering(path)  # the count of collectives, which no dump can show
     if os.environ.get(flight_recorder.BUFFER_VARIABLE, "0") not in ("", "0"):
         # Before any process group exists: NCCL's watchdog reads these when it starts.
