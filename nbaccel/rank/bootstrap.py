@@ -54,7 +54,7 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
         _detach_from_kernel(parent_pid, close_fds)
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
-        os.environ.update(env)
+        _set_environment(env)
         stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
         _forget_kernel_state()
         exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
@@ -118,6 +118,16 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def _set_environment(env: dict[str, str]) -> None:
+    """``os.environ.update(env)`` without the mapping machinery of ``MutableMapping.update``,
+    whose code and objects a fresh rank would otherwise write to (copying their pages): for each
+    variable what ``os.environ[key] = value`` does, the C environment first."""
+    data, encode_key, encode_value = os.environ._data, os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
+    for key, value in env.items():
+        os.putenv(key, value)
+        data[encode_key(key)] = encode_value(value)
 
 
 def _forget_kernel_state() -> None:

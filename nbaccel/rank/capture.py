@@ -16,6 +16,8 @@ import io
 import logging
 import os
 import sys
+import weakref
+from typing import Any
 
 try:  # fflush(NULL) pushes out C stdio buffers that os._exit would otherwise drop
     _libc: ctypes.CDLL | None = ctypes.CDLL(None)
@@ -45,14 +47,17 @@ def prepare() -> None:
     A forked rank then only binds them: making six stream objects in every rank would write
     (and so copy, page by page) more of the kernel's memory than binding two does. They wrap
     fds 1 and 2 without owning them and are never written in the kernel, so every rank forked
-    from it binds its own copy of the same, still empty, pair (``redirect_stdio``).
+    from it binds its own copy of the same, still empty, pair (``redirect_stdio``). It also lists
+    the logging handlers that write to the kernel's streams, which each rank points at its own.
 
     Example:
         >>> prepare(); len(_RANK_STREAMS)
         1
     """
+    global _KERNEL_STREAM_HANDLERS
     if not _RANK_STREAMS:
         _RANK_STREAMS.append((_text_stream(1), _text_stream(2)))
+    _KERNEL_STREAM_HANDLERS = _stream_handlers({id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None})
 
 
 _RANK_STREAMS: list[tuple[io.TextIOWrapper, io.TextIOWrapper]] = []  # at most one pair, unused in the kernel
@@ -68,16 +73,34 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
 def _retarget_logging(old_streams: set[int]) -> None:
     """Handlers created in the kernel still hold its streams; point them at the rank's.
 
-    Walks logging's own list of live handlers rather than every logger: touching each of the
-    kernel's hundreds of loggers would copy their memory pages into the rank (copy-on-write).
+    The kernel lists them before each fork (``prepare``): a rank walking every live handler, or
+    every logger, would copy their memory pages into itself (copy-on-write). A rank started
+    without that list (spawn) walks logging's own list of live handlers.
     """
+    refs = _KERNEL_STREAM_HANDLERS if _KERNEL_STREAM_HANDLERS is not None else _stream_handlers(old_streams)
+    for ref in refs:
+        handler = ref()
+        if handler is None:
+            continue
+        try:
+            handler.stream = sys.stderr  # a StreamHandler: checked when listed
+        except AttributeError:  # logging's last-resort handler reads sys.stderr by itself
+            pass
+
+
+def _stream_handlers(streams: set[int]) -> list[weakref.ref[Any]]:
+    """logging's own weak references to the live handlers writing to one of ``streams`` (by id)."""
+    found = []
     for ref in list(getattr(logging, "_handlerList", [])):
         handler = ref()
-        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old_streams:
-            try:
-                handler.stream = sys.stderr
-            except AttributeError:  # logging's last-resort handler reads sys.stderr by itself
-                pass
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
+            found.append(ref)
+    return found
+
+
+# logging's weak references to the kernel's handlers on its stdout/stderr, listed before each
+# fork (weak: the kernel's handlers are not kept alive by this list).
+_KERNEL_STREAM_HANDLERS: list[weakref.ref[Any]] | None = None
 
 
 def flush_all() -> None:

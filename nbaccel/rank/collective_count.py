@@ -52,9 +52,11 @@ def start_answering(stack_file: str) -> None:
     """Make the pipe and start the daemon thread that answers on it, for the rank's lifetime."""
     pipe = pipe_path(stack_file)
     try:
-        if os.path.exists(pipe):
-            os.unlink(pipe)  # left by an earlier process of this rank: its reader is gone
-        os.mkfifo(pipe, 0o600)
+        try:
+            os.mkfifo(pipe, 0o600)
+        except FileExistsError:  # left by an earlier process of this rank: its reader is gone
+            os.unlink(pipe)
+            os.mkfifo(pipe, 0o600)
         fd = os.open(pipe, os.O_RDWR)  # read-write: opening never blocks, and reads never see EOF
     except OSError:  # a folder without FIFOs: the summary just goes without the count
         return
@@ -65,9 +67,12 @@ def start_answering(stack_file: str) -> None:
 
 
 def _answer_forever(fd: int, answer: str) -> None:
-    # Known to threading (a dummy thread, daemonic), so threading.enumerate() lists it as Python's.
-    threading.current_thread().name = "nbaccel-collective-count"
+    named = False
     while os.read(fd, 64):
+        if not named:  # at the first question, not at the rank's start, whose pages it would copy
+            # Known to threading (a dummy thread, daemonic), so threading.enumerate() lists it as Python's.
+            threading.current_thread().name = "nbaccel-collective-count"
+            named = True
         count = collective_count()
         partial = answer + ".partial"
         with open(partial, "w", encoding="utf-8") as out:

@@ -38,7 +38,7 @@ def install(path: str | None) -> None:
     _dump_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     last = os.open(last_line_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(last, _outermost_frame_line().encode())
+        os.write(last, _OUTERMOST_AT_FORK or _outermost_frame_line().encode())
     finally:
         os.close(last)
     faulthandler.register(STACK_SIGNAL, file=_dump_fd, all_threads=True, chain=False)
@@ -60,3 +60,25 @@ def _outermost_frame_line() -> str:
     while frame.f_back is not None:
         frame = frame.f_back
     return f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}\n'
+
+
+def prepare() -> None:
+    """Kernel side, before a fork (``os.register_at_fork``): the outermost frame line, which a
+    forked rank shares with the kernel (its stack below the bootstrap is the kernel's at the fork).
+
+    Walking the kernel's stack in each rank would make a frame object per frame there, and copy
+    their pages; a rank started otherwise (spawn) walks its own.
+
+    Example:
+        >>> prepare()
+        >>> sys.modules[__name__]._OUTERMOST_AT_FORK.startswith(b'  File "')
+        True
+    """
+    global _OUTERMOST_AT_FORK
+    _OUTERMOST_AT_FORK = _outermost_frame_line().encode()
+
+
+_OUTERMOST_AT_FORK: bytes = b""  # set in the forking process right before each fork
+
+
+os.register_at_fork(before=prepare)
