@@ -4,11 +4,12 @@ The real kernel's stdin (input_request) is exercised in tests/kernel/test_debugg
 here the desk's ``kernel_stdin`` answers from a list, so every path of the rank's debugger and
 of the desk's turns runs on real ranks without a kernel.
 
-Imports internals (launch): it tests those units directly, below the public face.
+Imports internals (launch, output): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ import pytest
 
 import nbaccel
 from nbaccel.launch import debug_desk
+from nbaccel.output.sinks import TextSink
 from nbaccel.testing import CollectingSink, scaled
 
 pytestmark = pytest.mark.timeout(90)
@@ -69,6 +71,17 @@ def test_a_breakpoint_prompts_with_the_ranks_name_and_runs_commands_in_its_frame
     assert scripted.prompts[1] == "17\n(Pdb) rank 1> "
     assert "17" in sink.text(1) and "-> return x + 1" in sink.text(1)  # pdb's output is in rank 1's view
     assert scripted.threads == {"nbaccel-stdin-rank-1"}
+
+
+def test_in_text_output_pdbs_lines_are_the_ranks_lines_and_are_not_repeated_in_the_prompt(stdin: Callable[..., ScriptedStdin]) -> None:
+    scripted = stdin(["p x", "c"])
+    cell = io.StringIO()
+    assert nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, output=TextSink(stdout=cell)) == [8, 18]
+    first, second = scripted.prompts
+    assert first.startswith("nbaccel: rank 1 is at a breakpoint") and first.count("\n") == 1 and first.endswith("\n(Pdb) rank 1> ")
+    assert second == "(Pdb) rank 1> "
+    said = [line for line in cell.getvalue().splitlines() if line.startswith("[rank 1] ")]
+    assert said[1:] == ["[rank 1] -> return x + 1", "[rank 1] 17"] and said[0].endswith("stop_on_rank_one()")
 
 
 def test_pythonbreakpoint_0_skips_and_another_value_is_called(stdin: Callable[..., ScriptedStdin]) -> None:
