@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nbaccel.launch import ipython_pdb
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
@@ -131,6 +132,8 @@ class DebugDesk:
             self._on_prompt(rank, body)
 
     def _on_prompt(self, rank: int, body: dict[str, Any]) -> None:
+        if str(body.get("header") or "").startswith("post-mortem:"):
+            ipython_pdb.spare_cell(rank)  # with %pdb on, IPython would then debug nbaccel's own frames
         if self.ask is None:
             self._skip(rank, body)
             return
