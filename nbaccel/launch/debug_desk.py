@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nbaccel.launch import ipython_pdb
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
@@ -131,6 +132,8 @@ class DebugDesk:
             self._on_prompt(rank, body)
 
     def _on_prompt(self, rank: int, body: dict[str, Any]) -> None:
+        if str(body.get("header") or "").startswith("post-mortem:"):
+            ipython_pdb.spare_cell(rank)  # with %pdb on, IPython would then debug nbaccel's own frames
         if self.ask is None:
             self._skip(rank, body)
             return
@@ -183,13 +186,16 @@ class DebugDesk:
     # -- asking ----------------------------------------------------------------------------------
 
     def _start_asking(self, rank: int, body: dict[str, Any]) -> None:
-        self._show(rank, body.get("text", ""))
+        text = str(body.get("text") or "")
+        self._show(rank, text)
         prompt = str(body.get("prompt", f"(Pdb) rank {rank}> "))
+        if not getattr(self.loop.sink, "lines_in_cell", False):
+            # The rank's view is elsewhere (a widget tab, a file): pdb's lines go beside the box too.
+            # Where the sink prints them into the cell (``[rank 1] ...``), they are there once already.
+            prompt = text + prompt
         header = body.get("header")
         if header:
-            prompt = first_line(rank, str(header)) + "\n" + str(body.get("text") or "") + prompt
-        elif body.get("text"):
-            prompt = str(body["text"]) + prompt
+            prompt = first_line(rank, str(header)) + "\n" + prompt
         self._asked = rank
         context = contextvars.copy_context()  # the cell's: ipykernel finds its request there
         self._thread = threading.Thread(target=context.run, args=(self._ask_in_thread, rank, prompt), name=f"nbaccel-stdin-rank-{rank}", daemon=True)

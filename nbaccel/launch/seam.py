@@ -56,7 +56,13 @@ class LaunchPlan:
 
 @runtime_checkable
 class Sink(Protocol):
-    """The interface every output destination implements (text, widgets, log files)."""
+    """The interface every output destination implements (text, widgets, log files).
+
+    A sink may also have ``lines_in_cell`` (read with ``getattr``, default False; not a member of
+    the protocol, so sinks written before it still fit): True when it prints every rank's lines
+    into the cell itself (``[rank 1] ...``). A rank's debugger prompt then shows only the prompt,
+    not again what pdb printed above it (``nbaccel.launch.debug_desk``).
+    """
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         """A (re)launch of ``num_processes`` ranks begins; ``attempt`` counts from 0.

@@ -283,11 +283,22 @@ def with_last_collective(summary: str, last_collective: str | None) -> str:
 
 
 def _alive(pid: int) -> bool:
-    """True unless ``pid`` (a child of this process) has ended; it is left for its owner to reap."""
+    """True unless ``pid`` has ended. A child of this process is asked without reaping it (left for
+    its owner to reap); a rank the fork server started is the server's child, not ours, so /proc says."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
     except ChildProcessError:
+        return _runs_elsewhere(pid)
+
+
+def _runs_elsewhere(pid: int) -> bool:
+    """Whether ``pid``, another process's child, still runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rpartition(")")[2].split()[:1]  # the name in parentheses may hold spaces
+    except OSError:  # gone, or no /proc (the fork server needs Linux anyway)
         return False
+    return bool(state) and state[0] not in ("Z", "X")
 
 
 def _size(path: str) -> int:

@@ -9,9 +9,13 @@ Example:
     ...     def output(self, rank, stream, lines):
     ...         raise RuntimeError("comm gone")
     >>> sink = TextFallback(Broken(), what="the live view")
+    >>> sink.lines_in_cell
+    False
     >>> sink.output(0, "stdout", ["still shown"])  # doctest: +ELLIPSIS
     nbaccel: the live view failed (RuntimeError: comm gone); the rest of this launch is shown as text. ...
     [rank 0] still shown
+    >>> sink.lines_in_cell  # a debugger prompt no longer repeats what pdb printed
+    True
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ class TextFallback:
     @property
     def failed(self) -> bool:
         return self.text is not None
+
+    @property
+    def lines_in_cell(self) -> bool:
+        return self.failed or bool(getattr(self.view, "lines_in_cell", False))
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._call("launch_started", num_processes, attempt, ranks)

@@ -14,6 +14,8 @@ Example:
     [rank 0] hello
     >>> both.sinks[1].text(0), both.tick_in()
     (['hello'], None)
+    >>> both.lines_in_cell, CollectingSink().lines_in_cell  # the text sink prints into the cell
+    (True, False)
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class TextSink:
     stdout lines go to ``sys.stdout`` and stderr lines to ``sys.stderr`` (so notebooks show
     them as they show any stderr). Used headless, under nbclient, and with ``--text``.
     """
+
+    lines_in_cell = True  # a rank's lines are in the cell itself: a debugger prompt need not repeat them
 
     def __init__(self, stdout: Any = None, stderr: Any = None) -> None:
         self._stdout = stdout
@@ -78,6 +82,8 @@ class TextSink:
 class CollectingSink:
     """Keeps every line in memory, by rank; for tests and for callers that want the text."""
 
+    lines_in_cell = False
+
     def __init__(self) -> None:
         self.lines: dict[int, list[tuple[str, str]]] = {}
         self.events: dict[int, list[dict[str, Any]]] = {}
@@ -120,6 +126,10 @@ class TeeSink:
 
     def __init__(self, *sinks: Sink) -> None:
         self.sinks = sinks
+
+    @property
+    def lines_in_cell(self) -> bool:
+        return any(getattr(sink, "lines_in_cell", False) for sink in self.sinks)
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         for sink in self.sinks:
@@ -169,6 +179,10 @@ class ClocklessSink:
 
     def __init__(self, sink: Any) -> None:
         self.sink = sink
+
+    @property
+    def lines_in_cell(self) -> bool:
+        return bool(getattr(self.sink, "lines_in_cell", False))
 
     @classmethod
     def fits(cls, candidate: object) -> bool:

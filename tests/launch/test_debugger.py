@@ -4,11 +4,12 @@ The real kernel's stdin (input_request) is exercised in tests/kernel/test_debugg
 here the desk's ``kernel_stdin`` answers from a list, so every path of the rank's debugger and
 of the desk's turns runs on real ranks without a kernel.
 
-Imports internals (launch): it tests those units directly, below the public face.
+Imports internals (launch, output): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -19,7 +20,8 @@ import psutil
 import pytest
 
 import nbaccel
-from nbaccel.launch import debug_desk
+from nbaccel.launch import debug_desk, fork_server
+from nbaccel.output.sinks import TextSink
 from nbaccel.testing import CollectingSink, scaled
 
 pytestmark = pytest.mark.timeout(90)
@@ -69,6 +71,17 @@ def test_a_breakpoint_prompts_with_the_ranks_name_and_runs_commands_in_its_frame
     assert scripted.prompts[1] == "17\n(Pdb) rank 1> "
     assert "17" in sink.text(1) and "-> return x + 1" in sink.text(1)  # pdb's output is in rank 1's view
     assert scripted.threads == {"nbaccel-stdin-rank-1"}
+
+
+def test_in_text_output_pdbs_lines_are_the_ranks_lines_and_are_not_repeated_in_the_prompt(stdin: Callable[..., ScriptedStdin]) -> None:
+    scripted = stdin(["p x", "c"])
+    cell = io.StringIO()
+    assert nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, output=TextSink(stdout=cell)) == [8, 18]
+    first, second = scripted.prompts
+    assert first.startswith("nbaccel: rank 1 is at a breakpoint") and first.count("\n") == 1 and first.endswith("\n(Pdb) rank 1> ")
+    assert second == "(Pdb) rank 1> "
+    said = [line for line in cell.getvalue().splitlines() if line.startswith("[rank 1] ")]
+    assert said[1:] == ["[rank 1] -> return x + 1", "[rank 1] 17"] and said[0].endswith("stop_on_rank_one()")
 
 
 def test_pythonbreakpoint_0_skips_and_another_value_is_called(stdin: Callable[..., ScriptedStdin]) -> None:
@@ -183,3 +196,49 @@ def test_a_peers_failure_while_a_rank_is_at_the_prompt_ends_the_launch_and_withd
     assert "rank 1: at its debugger prompt" in str(caught.value)
     assert time.monotonic() - started < scaled(10)
     assert not [t for t in threading.enumerate() if t.name.startswith("nbaccel-stdin")]
+
+
+@pytest.fixture(params=["spawn", "forkserver"])
+def start_method(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Ranks started as fresh interpreters, or forked by nbaccel's fork server (ended afterwards)."""
+    yield request.param
+    fork_server.shutdown()  # the server a "forkserver" launch started; nothing for "spawn"
+
+
+def test_a_breakpoint_and_q_under_spawn_and_the_fork_server(stdin: Callable[..., ScriptedStdin], start_method: str) -> None:
+    scripted = stdin(["p x", "x = 100", "c", "q"])
+    sink = CollectingSink()
+    assert nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, start_method=start_method, output=sink) == [8, 101]
+    assert scripted.prompts[0].startswith("nbaccel: rank 1 is at a breakpoint") and scripted.prompts[1] == "17\n(Pdb) rank 1> "
+    assert "-> return x + 1" in sink.text(1)
+    with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: BdbQuit: quit in the debugger"):
+        nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, start_method=start_method, output=CollectingSink())
+    assert scripted.lines == []
+
+
+def test_post_mortem_under_spawn_and_the_fork_server(stdin: Callable[..., ScriptedStdin], start_method: str) -> None:
+    scripted = stdin(["p local + 1", "q"])
+    with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: bad 41") as caught:
+        nbaccel.notebook_launcher(raise_after_a_collective_on_rank_one, num_processes=2, start_method=start_method, pdb=True, output=CollectingSink())
+    assert scripted.prompts[0].startswith("nbaccel: rank 1 raised ValueError: bad 41; post-mortem in its frame")
+    assert scripted.prompts[1].startswith("42\n")
+    assert "rank 0: in `dist.all_reduce`" in str(caught.value)
+
+
+def fail_on_rank_zero() -> None:
+    if os.environ["RANK"] == "0":
+        kept = "rank zero's"
+        raise LookupError(kept)
+
+
+def test_persistent_workers_under_spawn_and_the_fork_server(stdin: Callable[..., ScriptedStdin], start_method: str) -> None:
+    scripted = stdin(["p x", "c", "p kept", "q"])
+    with nbaccel.start_workers(num_processes=2, start_method=start_method) as pool:
+        assert pool.run(stop_on_rank_one, output=CollectingSink()) == [8, 18]
+        assert scripted.prompts[0].startswith("nbaccel: rank 1 is at a breakpoint") and scripted.prompts[1] == "17\n(Pdb) rank 1> "
+        with pytest.raises(nbaccel.RankFailedError, match="rank 0 failed: LookupError"):
+            pool.run(fail_on_rank_zero, output=CollectingSink())
+        pool.debug(output=CollectingSink())
+        assert scripted.prompts[2].startswith("nbaccel: rank 0 raised LookupError: rank zero's; post-mortem")
+        assert scripted.prompts[3].startswith('"rank zero\'s"\n')
+        assert pool.run(lambda: "kept", output=CollectingSink()) == ["kept", "kept"]

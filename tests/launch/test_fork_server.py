@@ -154,3 +154,20 @@ def test_an_idle_server_uses_no_cpu_and_little_memory(unsafe_kernel) -> None:
     after = process.cpu_times()
     assert after.user + after.system - before.user - before.system < 0.02
     assert process.memory_full_info().uss < 30 * 2**20
+
+
+def fail_while_the_peer_waits_in_all_reduce() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 gives up")
+    dist.all_reduce(torch.ones(1))
+
+
+def test_a_peers_stack_is_in_the_report_though_the_ranks_are_the_servers_children(unsafe_kernel) -> None:
+    with pytest.raises(RankFailedError, match="rank 1 failed: ValueError: rank 1 gives up") as caught:
+        nbaccel.notebook_launcher(fail_while_the_peer_waits_in_all_reduce, num_processes=2)
+    assert "rank 0: in `dist.all_reduce`" in str(caught.value)  # asked of /proc: waitid knows only our own children
