@@ -87,8 +87,15 @@ def _loaded_library() -> ctypes.CDLL | None:
     return _opened[path]
 
 
+_absent: set[str] = set()  # could not be loaded: a driver installed later needs a new kernel anyway
+
+
 def _load_library() -> ctypes.CDLL | None:
+    path = library_path()
+    if path in _absent:  # a failed dlopen costs ~80 us a launch (the path searched, a class made)
+        return None
     try:
-        return ctypes.CDLL(library_path(), mode=os.RTLD_LAZY)
+        return ctypes.CDLL(path, mode=os.RTLD_LAZY)
     except OSError:
+        _absent.add(path)
         return None
