@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,34 @@ def test_the_architecture_map_names_every_module() -> None:
         if f"`{path.name}`" not in rows.get(layer, "") and f"`{relative.relative_to(layer) if layer else relative}`" not in rows.get(layer, ""):
             missing.append(str(relative))
     assert not missing, f"not on docs/architecture.md's map (add each to its layer's row): {missing}"
+
+
+# What tests of behaviour may import: the public face. nbaccel.state is public too (its
+# exceptions and reset_all_states are in the API reference).
+PUBLIC_MODULES = {"nbaccel", "nbaccel.testing", "nbaccel.state"}
+PUBLIC_NAMES = {"notebook_launcher", "start_workers", "accumulate", "prepare_data_loader", "testing", "load_ipython_extension", "unload_ipython_extension"}
+
+
+def _internal_imports(tree: ast.Module) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "nbaccel":  # `from nbaccel import launch`: a module, not a public name
+                found |= {f"nbaccel.{a.name}" for a in node.names if a.name[0].islower() and a.name not in PUBLIC_NAMES}
+            elif node.module.startswith("nbaccel.") and node.module not in PUBLIC_MODULES:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("nbaccel.") and a.name not in PUBLIC_MODULES}
+    return found
+
+
+def test_a_test_that_reaches_inside_says_why() -> None:
+    """Tests stand on the public face; a test module importing an internal one says so, and why,
+    in its docstring (the word "internal")."""
+    silent = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        inside = _internal_imports(tree)
+        if inside and "internal" not in (ast.get_docstring(tree) or ""):
+            silent[str(path.relative_to(ROOT))] = sorted(inside)
+    assert not silent, f"test modules importing internals without saying why in their docstring: {silent}"

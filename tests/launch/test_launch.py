@@ -1,4 +1,7 @@
-"""Real launches: forked ranks on gloo, their output, results, failures, timeouts, interrupts."""
+"""Real launches: forked ranks on gloo, their output, results, failures, timeouts, interrupts.
+
+Imports internals (launch.plan): a test replaces what the plan sees of the machine.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread."""
+"""The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread.
+
+Imports internals (launch.sampler): one test drives the sampler itself on a process that is a zombie.
+"""
 
 from __future__ import annotations
 
