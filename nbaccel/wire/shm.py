@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import mmap
 import os
 import pickle
 import select
@@ -200,6 +199,18 @@ def _new_memfd(attached: Attachments, nbytes: int) -> tuple[int, int]:
     return fd, len(attached.fds) - 1
 
 
+def _write_all(fd: int, data: memoryview) -> None:
+    """``data`` into the memfd from its start. write(2), not a mapping and a copy: the kernel
+    fills the memfd's pages as it copies, where a mapping would fault each 4 KiB page in first
+    (1 GiB: about 0.4 s against 0.7 s here, as fast as one ``torch.clone``)."""
+    done, size = 0, data.nbytes
+    while done < size:
+        done += os.pwrite(fd, data[done : done + _WRITE_CHUNK], done)
+
+
+_WRITE_CHUNK = 1 << 30  # Linux writes at most about 2 GiB per call
+
+
 def _share_tensor(torch: Any, tensor: Any, attached: Attachments, to_cpu: bool) -> Any:
     if tensor.layout != torch.strided or tensor.is_quantized or tensor.nbytes < THRESHOLD:
         return None
@@ -208,8 +219,8 @@ def _share_tensor(torch: Any, tensor: Any, attached: Attachments, to_cpu: bool) 
             return None
         tensor = tensor.detach().cpu()
     fd, index = _new_memfd(attached, tensor.nbytes)
-    storage = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=True, nbytes=tensor.nbytes)
-    torch.empty(0, dtype=tensor.dtype).set_(storage, 0, tensor.shape, _contiguous_strides(tensor.shape)).copy_(tensor.detach())
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)  # its bytes, in a copy only if it was strided
+    _write_all(fd, memoryview(flat.numpy()))
     meta = (str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), tensor.requires_grad, isinstance(tensor, torch.nn.Parameter))
     return (_TAG, attached.tag, index, "tensor", meta)
 
@@ -239,10 +250,7 @@ def _share_array(numpy: Any, array: Any, attached: Attachments) -> Any:
     if array.dtype.hasobject or array.nbytes < THRESHOLD:
         return None
     fd, index = _new_memfd(attached, array.nbytes)
-    with mmap.mmap(fd, array.nbytes) as mapped:
-        target = numpy.frombuffer(mapped, dtype=array.dtype).reshape(array.shape)
-        target[...] = array
-        del target
+    _write_all(fd, memoryview(numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8)))
     return (_TAG, attached.tag, index, "ndarray", (array.dtype.str, tuple(array.shape)))
 
 

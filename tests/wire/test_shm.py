@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import numpy as np
 import pytest
@@ -101,3 +102,35 @@ def test_a_rank_killed_after_posting_leaves_nothing() -> None:
     with pytest.raises(nbaccel.RankFailedError, match="SIGKILL|signal 9|killed"):
         nbaccel.notebook_launcher(post_and_die, num_processes=2)
     assert memfds_open() == []
+
+
+def test_every_dtype_and_layout_arrives_equal_through_a_memfd() -> None:
+    """The bytes are written into the memfd as they lie in memory: strided, bf16, bool, complex
+    tensors, Parameters and non-contiguous arrays arrive equal, contiguous, with their flags."""
+    base = torch.arange(2 * MIB, dtype=torch.float32).reshape(1024, 2048)
+    values = {
+        "strided": base.t()[::2],
+        "bf16": torch.randn(MIB, dtype=torch.bfloat16),
+        "bool": torch.rand(4 * MIB) > 0.5,
+        "complex": torch.randn(MIB // 2, dtype=torch.complex64),
+        "parameter": torch.nn.Parameter(torch.randn(MIB)),
+        "array": np.arange(4 * MIB, dtype=np.int16).reshape(2048, 2048)[:, ::2],
+    }
+    attached = shm.Attachments()
+    try:
+        payload = shm.dumps(values, attached)
+        assert len(payload) < 4096 and len(attached.fds) == len(values)  # every one by memfd
+        kernel_end, rank_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with kernel_end, rank_end:
+            sender, receiver = shm.Mailbox(kernel_end), shm.Mailbox(rank_end)
+            sender.post(attached, close=False)
+            back = shm.loads(payload, receiver)
+            receiver.close()
+    finally:
+        attached.close()
+    for name, value in values.items():
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(back[name], value), name
+            continue
+        assert back[name].dtype == value.dtype and torch.equal(back[name], value.detach()), name
+    assert isinstance(back["parameter"], torch.nn.Parameter) and back["parameter"].requires_grad
