@@ -193,7 +193,9 @@ class NodeRanks:
         self._forward(local, self.pipes[local].drain(self._lines_to_kernel))
         self.exited.add(local)
         code = self.processes[local].exitcode
-        self._emit(protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local], **self._memory_words(local, code)})
+        self._emit(
+            protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local], **self._memory_words(local, code)}
+        )
         return False
 
     def _memory_words(self, local: int, code: int | None) -> dict[str, Any]:

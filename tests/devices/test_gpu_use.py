@@ -65,9 +65,7 @@ def test_more_processes_than_the_first_guess_are_all_listed(fake_nvml: dict[str,
     assert use.sample([5])[1].memory == many
 
 
-def test_cuda_visible_devices_maps_a_ranks_cuda_index_to_its_physical_gpu(
-    fake_nvml: dict[str, Path], use_file: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cuda_visible_devices_maps_a_ranks_cuda_index_to_its_physical_gpu(fake_nvml: dict[str, Path], use_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(fake_nvml["v3"]))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-aa")  # the kernel's cuda:0 is NVML's GPU 2, cuda:1 its GPU 0
     use = GpuUse.open({0: 0, 1: 1, 2: 5})  # cuda:5 names nothing this process sees: rank 2 is not sampled

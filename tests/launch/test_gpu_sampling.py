@@ -134,3 +134,15 @@ def test_the_kernel_never_loads_the_cuda_driver_to_sample(use_file: Path, childr
     ResourceSampler({0: children[0]}, now=0.0, gpus={0: 0}).sample(1.0)
     assert nvml.visible_gpus() is not None  # the fake answered
     assert driver.driver_state() is driver.DriverState.NOT_LOADED
+
+
+def test_a_node_agent_maps_its_cuda_ranks_as_its_own_cuda_visible_devices_shows_them() -> None:
+    from nbaccel.agent.node_ranks import NodeRanks
+
+    def ranks(device_type: str, gpus: list[int] | None) -> dict[int, int]:
+        spec = {"launch": "x", "first_rank": 4, "nproc": 2, "device_type": device_type, "gpus": gpus}
+        return NodeRanks(spec, b"", lambda *a, **k: None, None, [])._cuda_indices()
+
+    assert ranks("cuda", None) == {4: 0, 5: 1}  # local rank l on cuda:l of the agent's devices
+    assert ranks("cuda", [3, 1]) == {4: 3, 5: 1}  # a spec that names the devices
+    assert ranks("cpu", None) == {}  # gloo ranks: NVML is never asked
