@@ -146,3 +146,21 @@ def test_a_node_agent_maps_its_cuda_ranks_as_its_own_cuda_visible_devices_shows_
     assert ranks("cuda", None) == {4: 0, 5: 1}  # local rank l on cuda:l of the agent's devices
     assert ranks("cuda", [3, 1]) == {4: 3, 5: 1}  # a spec that names the devices
     assert ranks("cpu", None) == {}  # gloo ranks: NVML is never asked
+
+
+def test_distributed_status_of_workers_shows_what_nvml_lists_for_each_worker(use_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbaccel.notebook.worker_tables import status_table
+
+    monkeypatch.setattr(LocalRankGroup, "local_gpus", lambda self: {rank: rank for rank in range(self.num_processes)})
+    pool = nbaccel.start_workers(2, cpu=True)
+    try:
+        pids = [s.pid for s in pool.status()]
+        write_use(use_file, {0: {pids[0]: 3 * 2**30}, 1: {pids[1]: 2**29}}, {0: 71, 1: 4})
+        statuses = pool.status()
+    finally:
+        pool.stop()
+    assert [s.gpu_held_mb for s in statuses] == [3 * 1024, 512] and [s.gpu_util for s in statuses] == [71, 4]
+    assert [s.gpu_peak_mb for s in statuses] == [3 * 1024, 512]
+    table = status_table(statuses).splitlines()
+    assert "gpu use (held/peak/busy)" in table[0]
+    assert "3.0 GiB / 3.0 GiB / 71%" in table[1] and "512 MiB / 512 MiB / 4%" in table[2]
