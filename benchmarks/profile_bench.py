@@ -101,6 +101,7 @@ def bench_gpu_sampler(ranks: int, samples: int = 2000) -> dict[str, float]:
     from tests.devices.fakes import build_fake_nvml, write_use
 
     children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(ranks)]
+    saved = dict(os.environ)
     try:
         with tempfile.TemporaryDirectory() as folder:
             os.environ["NBACCEL_NVML_LIBRARY"] = str(build_fake_nvml(pathlib.Path(folder)))
@@ -115,13 +116,15 @@ def bench_gpu_sampler(ranks: int, samples: int = 2000) -> dict[str, float]:
             plain = ResourceSampler(pids, now=time.monotonic())
             gpu = ResourceSampler(pids, now=time.monotonic(), gpus={rank: rank // 2 for rank in pids})
             assert gpu.sample(0.5)[0]["gpu_mem"] == 2**30, "the fake NVML did not answer"
-            costs: dict[str, list[float]] = {"plain": [], "gpu": []}
+            costs: dict[str, list[float]] = {"plain": [], "gpu": [], "nvml": []}
             for i in range(samples):
-                for kind, sampler in (("plain", plain), ("gpu", gpu)):
+                for kind, sample in (("plain", plain.sample), ("gpu", gpu.sample), ("nvml", lambda _: gpu.gpu.sample(pids))):  # type: ignore[union-attr]
                     started = time.perf_counter()
-                    sampler.sample(float(i + 1))
+                    sample(float(i + 1))
                     costs[kind].append(time.perf_counter() - started)
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         for child in children:
             child.kill()
             child.wait()
@@ -131,6 +134,7 @@ def bench_gpu_sampler(ranks: int, samples: int = 2000) -> dict[str, float]:
         "gpus": (ranks + 1) // 2,
         "plain_us": plain_us,
         "with_gpu_us": gpu_us,
+        "nvml_calls_us": statistics.median(costs["nvml"]) * 1e6,  # the fake's calls alone, one list and one utilisation a GPU
         "ratio": gpu_us / plain_us,
         "core_percent_at_1hz": gpu_us / 1e4,
     }
