@@ -75,7 +75,7 @@ class GpuUse:
         None where no rank is on a GPU or NVML cannot say which device each is."""
         if not cuda_indices:
             return None
-        library = nvml._open(nvml.library_path())
+        library = nvml.library()
         gpus = nvml.visible_gpus() if library is not None else None
         if library is None or not gpus:
             return None
