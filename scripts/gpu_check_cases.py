@@ -375,7 +375,7 @@ def gpu_processes() -> list[int]:
 @case("gpu-use-sampled")
 def gpu_use_sampled() -> dict[str, Any]:
     import nbaccel
-    from nbaccel.output.sinks import CollectingSink
+    from nbaccel.testing import CollectingSink
 
     sink = CollectingSink()
     [pid] = nbaccel.notebook_launcher(_hold_a_gib_on_the_gpu, num_processes=1, output=sink, timeout=120)

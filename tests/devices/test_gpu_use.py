@@ -1,6 +1,6 @@
 """Each process's GPU memory and each GPU's utilisation through NVML (a fake libnvidia-ml built with cc).
 
-Imports internals (devices.gpu_use, devices.nvml): it tests those units directly, below the public face.
+Imports internals (devices.gpu_use, devices.driver): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Time is a fake clock: a test moves it on, and calls ``tick()`` where the kernel's event loop would.
 
-Imports internals (launch.outcome, output.choose, output.sinks, output.text, output.widgets.sink): it tests those units directly, below the public face.
+Imports internals (launch.outcome, launch.sampler, wire.rich, output.choose, output.sinks, output.text, output.widgets.sink): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
