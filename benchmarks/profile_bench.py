@@ -8,7 +8,10 @@ merged trace's size.
 
 Sampler: ``ResourceSampler.sample`` over live sleeping child processes (as many as ``--ranks``),
 median time per sample beside a floor measured in the same run (reading one /proc file), and the
-share of one core it takes at the loop's 1 Hz.
+share of one core it takes at the loop's 1 Hz. Then the same with GPU fields: the ranks given a
+device map (two ranks a GPU), NVML answered by the tests' fake ``libnvidia-ml.so.1`` (built with
+``cc``; it reads a small file per call, which a real driver does not: the figure is nbaccel's own
+cost plus the fake's, not a real driver's), sampled alternately with a CPU-only sampler.
 
     python benchmarks/profile_bench.py [--runs 5] [--steps 300] [--ranks 8]
 """
@@ -20,6 +23,7 @@ import contextlib
 import io
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -92,6 +96,50 @@ def bench_sampler(ranks: int, samples: int = 2000) -> dict[str, float]:
     }
 
 
+def bench_gpu_sampler(ranks: int, samples: int = 2000) -> dict[str, float]:
+    from nbaccel.launch.sampler import ResourceSampler
+    from tests.devices.fakes import build_fake_nvml, write_use
+
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(ranks)]
+    saved = dict(os.environ)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            os.environ["NBACCEL_NVML_LIBRARY"] = str(build_fake_nvml(pathlib.Path(folder)))
+            os.environ["FAKE_NVML_GPUS"] = ";".join(f"NVIDIA H200|GPU-{gpu:04d}|9|0|" for gpu in range((ranks + 1) // 2))
+            os.environ["FAKE_NVML_USE"] = os.path.join(folder, "use.txt")
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            pids = {rank: child.pid for rank, child in enumerate(children)}
+            listed: dict[int, dict[int, int | None]] = {gpu: {} for gpu in range((ranks + 1) // 2)}
+            for rank, pid in pids.items():
+                listed[rank // 2][pid] = 2**30
+            write_use(pathlib.Path(folder, "use.txt"), listed, dict.fromkeys(listed, 50))
+            plain = ResourceSampler(pids, now=time.monotonic())
+            gpu = ResourceSampler(pids, now=time.monotonic(), gpus={rank: rank // 2 for rank in pids})
+            assert gpu.sample(0.5)[0]["gpu_mem"] == 2**30, "the fake NVML did not answer"
+            costs: dict[str, list[float]] = {"plain": [], "gpu": [], "nvml": []}
+            for i in range(samples):
+                for kind, sample in (("plain", plain.sample), ("gpu", gpu.sample), ("nvml", lambda _: gpu.gpu.sample(pids))):  # type: ignore[union-attr]
+                    started = time.perf_counter()
+                    sample(float(i + 1))
+                    costs[kind].append(time.perf_counter() - started)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for child in children:
+            child.kill()
+            child.wait()
+    plain_us, gpu_us = statistics.median(costs["plain"]) * 1e6, statistics.median(costs["gpu"]) * 1e6
+    return {
+        "ranks": ranks,
+        "gpus": (ranks + 1) // 2,
+        "plain_us": plain_us,
+        "with_gpu_us": gpu_us,
+        "nvml_calls_us": statistics.median(costs["nvml"]) * 1e6,  # the fake's calls alone, one list and one utilisation a GPU
+        "ratio": gpu_us / plain_us,
+        "core_percent_at_1hz": gpu_us / 1e4,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -100,6 +148,7 @@ def main() -> None:
     parser.add_argument("--skip-profiling", action="store_true")
     args = parser.parse_args()
     results = {"sampler": bench_sampler(args.ranks), "sampler_2": bench_sampler(2)}
+    results["sampler_gpu"], results["sampler_gpu_2"] = bench_gpu_sampler(args.ranks), bench_gpu_sampler(2)
     if not args.skip_profiling:
         results["profiling"] = bench_profiling(args.runs, args.steps)
     with open("/proc/loadavg") as load:

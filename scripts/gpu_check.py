@@ -63,6 +63,11 @@ CHECKS = [
     ),
     Check("distributed-free", "%distributed free empties the CUDA cache on every rank and says what it freed", 120, needs="item 9: %distributed free"),
     Check("no-gpu-process-after-stop", "no process is left on the GPU after the pool stops", 90),
+    Check(
+        "gpu-use-sampled",
+        "the kernel samples a CUDA rank's device memory (> 0 while it holds 1 GiB) and its GPU's utilisation (0..100) through NVML, never loading the driver",
+        90,
+    ),
     Check("peer-failure-cuda-one-shot", "a peer failing while rank 0 waits in a CUDA kernel ends the launch with the peer's error", 120),
     Check("peer-failure-cuda-pool", "the same in a pool: RankFailedError, not KeyboardInterrupt", 120, needs="item 4: pool peer failure error"),
     Check("gpu-result-4gib", "a 4 GiB GPU result comes back: time and the kernel's peak memory", 180, needs="item 10: results without copies (for the peak)"),

@@ -372,6 +372,45 @@ def gpu_processes() -> list[int]:
     return sorted(int(p) for p in done.stdout.split() if p.strip().isdigit())
 
 
+@case("gpu-use-sampled")
+def gpu_use_sampled() -> dict[str, Any]:
+    import nbaccel
+    from nbaccel.testing import CollectingSink
+
+    sink = CollectingSink()
+    [pid] = nbaccel.notebook_launcher(_hold_a_gib_on_the_gpu, num_processes=1, output=sink, timeout=120)
+    samples = [e for e in sink.events.get(0, []) if e.get("type") == "resources"]
+    expect(samples != [], "the kernel sent no resource sample of the rank in 3.5 s")
+    held = [s.get("gpu_mem") for s in samples]
+    utilisation = [s.get("gpu_util") for s in samples]
+    try:
+        listed: Any = gpu_processes()  # as nvidia-smi sees them: the rank's pid, or (in a pid namespace) another
+    except OSError as error:
+        listed = f"unknown ({error})"
+    expect(
+        any(h is not None and h > 0 for h in held),
+        f"no sample of rank 0 (pid {pid}) said it holds GPU memory: {held}; nvidia-smi lists pids {listed} (another pid namespace?)",
+    )
+    expect(all(u is None or 0 <= u <= 100 for u in utilisation) and any(u is not None for u in utilisation), f"utilisation samples: {utilisation}")
+    expect(untouched(), f"sampling loaded the CUDA driver in the kernel ({driver_state()})")
+    peak = max(s.get("peak_gpu_mem") or 0 for s in samples)
+    return {"gpu_mem": held, "gpu_util": utilisation, "peak_gpu_mem": peak, "rank_pid": pid, "nvidia_smi_pids": listed, "driver_state": driver_state()}
+
+
+def _hold_a_gib_on_the_gpu() -> int:
+    import os
+    import time
+
+    import torch
+
+    held = torch.ones(2**28, device="cuda")  # 1 GiB of float32
+    end = time.monotonic() + 3.5  # three samples, at 1, 2 and 3 s; busy, so utilisation is not always 0
+    while time.monotonic() < end:
+        held.mul_(1.0)
+    torch.cuda.synchronize()
+    return os.getpid()
+
+
 def _peer_fails_while_rank0_waits_in_cuda() -> None:
     import torch
 

@@ -135,11 +135,20 @@ class NodeRanks:
             finally:
                 gc.unfreeze()
             self.processes = list(self._context._pc.processes)
-            self._sampler = ResourceSampler({self.first_rank + local: p.pid for local, p in enumerate(self.processes)}, time.monotonic())
+            pids = {self.first_rank + local: p.pid for local, p in enumerate(self.processes)}
+            self._sampler = ResourceSampler(pids, time.monotonic(), gpus=self._cuda_indices())
         finally:
             for child in ends:
                 close_child_ends(child)
         self.signals_sent = {local: [] for local in range(self.nproc)}
+
+    def _cuda_indices(self) -> dict[int, int]:
+        """Global rank -> the CUDA index (as this agent sees it) of each rank on a GPU: local rank l
+        uses ``cuda:l`` of its CUDA_VISIBLE_DEVICES (the spec's ``gpus``, else this agent's)."""
+        if self.spec["device_type"] != "cuda":
+            return {}
+        chosen = self.spec.get("gpus")
+        return {self.first_rank + local: int(chosen[local]) if chosen else local for local in range(self.nproc) if not chosen or local < len(chosen)}
 
     def readers(self) -> list[tuple[int, Callable[[], bool]]]:
         """(fd, handler) pairs for the agent's selector, pipes first, then process sentinels;
@@ -184,8 +193,19 @@ class NodeRanks:
         self._forward(local, self.pipes[local].drain(self._lines_to_kernel))
         self.exited.add(local)
         code = self.processes[local].exitcode
-        self._emit(protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local]})
+        self._emit(
+            protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local], **self._memory_words(local, code)}
+        )
         return False
+
+    def _memory_words(self, local: int, code: int | None) -> dict[str, Any]:
+        """The rank's peak and, for a SIGKILL this agent did not send, whether it was the OOM killer:
+        decided here, with the one-node code, since only this node knows the rank's cgroup."""
+        if self._sampler is None:
+            return {}
+        rank = self.first_rank + local
+        killed = code == -signal.SIGKILL and not self.signals_sent[local]
+        return {"peak_rss": self._sampler.peaks.get(rank), "out_of_memory": self._sampler.out_of_memory(rank) if killed else None}
 
     # -- the kernel's orders -------------------------------------------------------------------
 

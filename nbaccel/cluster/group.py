@@ -102,6 +102,7 @@ class ClusterRankGroup:
         self.slot_of = {rank: slot for slot in slots for rank in slot.ranks}
         self._codes: dict[int, int] = {}
         self._signalled: set[int] = set()
+        self._memory: dict[int, tuple[int | None, str | None]] = {}  # rank -> (peak, OOM words) from its agent
         self._lines: dict[int, deque[str]] = {rank: deque(maxlen=LAST_LINES) for rank in self.slot_of}
         self._loop: EventLoop | None = None
         self._closed = False
@@ -187,6 +188,8 @@ class ClusterRankGroup:
             body = item.json()
             if int(body["rank"]) in slot.ranks:
                 code = 255 if body["returncode"] is None else int(body["returncode"])
+                peak, words = body.get("peak_rss"), body.get("out_of_memory")  # decided by the agent, which sampled it
+                self._memory[int(body["rank"])] = (int(peak) if peak is not None else None, str(words) if words else None)
                 self._exit(int(body["rank"]), code, bool(body["signals_sent"]))
         elif item.kind == protocol.STARTED:
             slot.pids = [int(pid) for pid in item.json()["pids"]]
@@ -241,6 +244,11 @@ class ClusterRankGroup:
 
     def was_signalled(self, rank: int) -> bool:
         return rank in self._signalled
+
+    def memory_at_exit(self, rank: int) -> tuple[int | None, str | None]:
+        """What ``rank``'s agent said of its memory when it exited: its peak resident bytes, and
+        "killed by the out-of-memory killer (...)" when its agent judged the SIGKILL to be that."""
+        return self._memory.get(rank, (None, None))
 
     def last_lines(self, rank: int) -> list[str]:
         return list(self._lines.get(rank, ()))

@@ -65,6 +65,15 @@ def _open(path: str) -> ctypes.CDLL | None:
     return library
 
 
+def library() -> ctypes.CDLL | None:
+    """NVML, loaded and initialised (once per library path); None where it cannot be.
+
+    >>> library() is None or hasattr(library(), "nvmlDeviceGetCount_v2")
+    True
+    """
+    return _open(library_path())
+
+
 def machine_gpus() -> list[Gpu] | None:
     """Every GPU of this machine in NVML's order, or None where NVML cannot answer."""
     library = _open(library_path())

@@ -48,6 +48,7 @@ class LocalRankGroup:
         self.pipes: list[RankPipes] = []
         self._loop: EventLoop | None = None
         self._ended_streams: set[int] = set()  # fds at end of file: never watched again
+        self.gpus: tuple[int, ...] = ()  # the plan's CUDA devices, one a rank (none on CPU ranks)
 
     @property
     def num_processes(self) -> int:
@@ -62,6 +63,7 @@ class LocalRankGroup:
         persistent one at once, since its ranks join their group before saying READY.
         """
         group = cls(LoopbackRendezvous(plan.master_addr, plan.port), StackFiles())
+        group.gpus = tuple(plan.gpus or ()) if plan.device_type == "cuda" else ()
         # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
         # stays shared instead of being copied page by page into every rank (copy-on-write).
         gc.freeze()
@@ -188,6 +190,11 @@ class LocalRankGroup:
     def local_pids(self) -> dict[int, int]:
         """Rank -> pid of every rank still running: all are on this node (the loop samples them)."""
         return {p.rank: p.pid for p in self.processes if p.returncode is None}
+
+    def local_gpus(self) -> dict[int, int]:
+        """Rank -> the CUDA index (as the kernel sees it) of each rank on a GPU: rank r uses
+        ``cuda:r`` of its CUDA_VISIBLE_DEVICES, the plan's ``gpus``, so the kernel's ``gpus[r]``."""
+        return dict(enumerate(self.gpus)) if self.gpus else {}
 
     def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
         running = {rank: self.processes[rank].pid for rank in ranks if self.processes[rank].returncode is None}

@@ -247,12 +247,21 @@ class EventLoop:
         if self._desk is not None:
             self._desk.rank_ended(rank)
         outcome = self.outcomes.get(rank) or RankOutcome(rank)
-        if self.sampler is not None:
-            outcome.peak_rss = self.sampler.peaks.get(rank)
-            if returncode == -signal.SIGKILL and not self.group.was_signalled(rank):
-                outcome.out_of_memory = self.sampler.out_of_memory(rank)
+        self._memory_at_exit(outcome, killed=returncode == -signal.SIGKILL and not self.group.was_signalled(rank))
         record_exit(outcome, returncode, self.stop_reason, self.group.was_signalled(rank), self.group.last_lines(rank))
         self.policy.on_exit(self, outcome)
+
+    def _memory_at_exit(self, outcome: RankOutcome, killed: bool) -> None:
+        """The rank's peak, and for a SIGKILL nbaccel did not send whether it was the OOM killer:
+        decided here from this node's sampler, or by the rank's node agent (the same code, there)."""
+        if self.sampler is not None:
+            outcome.peak_rss = self.sampler.peaks.get(outcome.rank)
+            outcome.out_of_memory = self.sampler.out_of_memory(outcome.rank) if killed else None
+            return
+        remote = getattr(self.group, "memory_at_exit", None)  # a group across nodes: its agents' word
+        if callable(remote):
+            outcome.peak_rss, words = remote(outcome.rank)
+            outcome.out_of_memory = words if killed else None
 
     def hold_clocks(self) -> None:
         """A rank is in the debugger: ``timeout=`` and the stall report wait (idempotent)."""
@@ -301,9 +310,13 @@ class EventLoop:
 
 
 def sampler_for(group: RankGroup) -> ResourceSampler | None:
-    """A sampler of the group's processes on this node (a group across nodes has none here)."""
+    """A sampler of the group's processes on this node (a group across nodes has none here), and of
+    their GPUs where they run on CUDA."""
     local_pids = getattr(group, "local_pids", None)
-    return ResourceSampler(local_pids(), time.monotonic()) if callable(local_pids) else None
+    local_gpus = getattr(group, "local_gpus", None)
+    if not callable(local_pids):
+        return None
+    return ResourceSampler(local_pids(), time.monotonic(), gpus=local_gpus() if callable(local_gpus) else None)
 
 
 class SinkSession:

@@ -1,11 +1,13 @@
-"""Each local rank's CPU use and resident memory, sampled about once a second from the loop's clock.
+"""Each local rank's CPU use, resident memory and GPU use, sampled about once a second from the loop's clock.
 
 No thread: the event loop (``nbaccel.launch.loop``) asks ``due()`` when it next wants waking and
 calls ``sample(now)`` when that moment has passed. Each sample reads ``/proc/<pid>/stat`` (user and
 system time) and ``/proc/<pid>/statm`` (resident pages) of every rank process of this node: about
-25 us a rank (``benchmarks/sampler_bench.py``), far under 1% of one core at 1 Hz. It keeps each
-rank's peak, which the loop gives to the rank's outcome when it exits (an OOM kill is named by
-it: ``nbaccel.launch.memory_limit``). GPU memory is read inside the ranks, which own CUDA.
+50 us a rank (``benchmarks/profile_bench.py``), far under 1% of one core at 1 Hz. Ranks on CUDA
+(``gpus``: rank -> its ``cuda:N``) add their device memory and their GPU's utilisation, asked of
+NVML (``nbaccel.devices.gpu_use``: never the CUDA driver); without NVML, or for CPU ranks, nothing
+is asked. It keeps each rank's peaks, which the loop gives to the rank's outcome when it exits
+(an OOM kill is named by them: ``nbaccel.launch.memory_limit``).
 
 Example:
     >>> import os
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nbaccel.devices.gpu_use import DeviceUse, GpuUse
 from nbaccel.launch.memory_limit import NEAR_LIMIT, memory_cgroup, memory_limit, oom_kills, oom_words
 
 PERIOD = 1.0  # seconds between samples
@@ -32,12 +35,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class ResourceSampler:
-    """Samples ``pids`` (rank -> pid of a process on this node) every ``PERIOD`` seconds."""
+    """Samples ``pids`` (rank -> pid of a process on this node) every ``PERIOD`` seconds;
+    ``gpus`` (rank -> CUDA index, as this process sees them) for ranks on a GPU."""
 
-    def __init__(self, pids: Mapping[int, int], now: float, period: float = PERIOD) -> None:
+    def __init__(self, pids: Mapping[int, int], now: float, period: float = PERIOD, gpus: Mapping[int, int] | None = None) -> None:
         self.pids = dict(pids)
         self.period = period
         self.peaks: dict[int, int] = {}  # rank -> most resident bytes seen
+        self.gpu_peaks: dict[int, int] = {}  # rank -> most device memory seen
+        self.gpu = GpuUse.open({rank: index for rank, index in (gpus or {}).items() if rank in self.pids})
         self.latest: dict[int, dict[str, Any]] = {}
         self._cgroups: dict[int, Path | None] = {}  # rank -> its memory cgroup, as last seen
         self._oom_before: dict[Path, int] = {}  # cgroup -> OOM kills when first seen
@@ -51,7 +57,9 @@ class ResourceSampler:
         return self._next
 
     def sample(self, now: float, ranks: list[int] | None = None) -> dict[int, dict[str, Any]]:
-        """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes}``.
+        """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes}``,
+        and for a rank on a GPU ``gpu_mem`` (bytes; None when NVML cannot tell), ``peak_gpu_mem``
+        and ``gpu_util`` (percent, None when NVML does not say).
 
         A process that has ended is skipped (its peak stays), a zombie too: an exited rank not
         yet reaped reads as 0 resident bytes, which is not a sample.
@@ -62,7 +70,21 @@ class ResourceSampler:
             sample = self._sample_one(rank, now)
             if sample is not None:
                 samples[rank] = self.latest[rank] = sample
+        if self.gpu is not None and samples:
+            self._add_gpu_use(samples)
         return samples
+
+    def _add_gpu_use(self, samples: dict[int, dict[str, Any]]) -> None:
+        assert self.gpu is not None
+        uses = self.gpu.sample(samples)
+        for rank, sample in samples.items():
+            use = uses.get(self.gpu.devices.get(rank, -1))
+            if use is None:
+                continue
+            held = _held(use, self.pids[rank])
+            if held is not None:
+                self.gpu_peaks[rank] = max(self.gpu_peaks.get(rank, 0), held)
+            sample.update(gpu_mem=held, peak_gpu_mem=self.gpu_peaks.get(rank), gpu_util=use.utilisation)
 
     def peak(self, rank: int) -> int | None:
         """``rank``'s peak resident bytes so far, reading it once more if it still runs."""
@@ -100,6 +122,19 @@ class ResourceSampler:
         cpu = 100.0 * (ticks - ticks_then) / _TICKS / elapsed if elapsed > 0 else 0.0
         self.peaks[rank] = max(self.peaks.get(rank, 0), rss)
         return {"cpu": round(cpu, 1), "rss": rss, "peak_rss": self.peaks[rank]}
+
+
+def _held(use: DeviceUse, pid: int) -> int | None:
+    """What ``pid`` holds on the device: its listed bytes; 0 when it is not listed and the list
+    speaks of this pid namespace; None when NVML could not list or lists only pids of another
+    namespace (a container's: its ranks cannot be told apart there, so nothing is guessed)."""
+    if use.memory is None:
+        return None
+    if pid in use.memory:
+        return use.memory[pid]
+    if not use.memory or any(os.path.exists(f"/proc/{other}") for other in use.memory):
+        return 0
+    return None
 
 
 def _rss(pid: int) -> int | None:

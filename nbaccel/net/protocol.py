@@ -8,7 +8,8 @@ command pipe: a persistent worker's task or stop), ``signal`` (send a signal to 
 pool's interrupt), ``close`` (the cluster is closing).
 
 Agent to kernel: ``join`` (host, ranks, GPUs, pid and its nbaccel ``version``), ``heartbeat``, ``started`` (pids), ``lines`` (a rank's stdout/stderr),
-``frame`` (a rank's channel frame: result, error, event), ``exited`` (a rank's exit status),
+``frame`` (a rank's channel frame: result, error, event), ``exited`` (a rank's exit status, its
+peak resident memory and, for a SIGKILL the agent did not send that was the OOM killer, the words),
 ``finished`` (every local rank of the launch has ended), ``failed`` (the ranks could not start).
 
 Example:

@@ -27,18 +27,32 @@ def status_table(statuses: Iterable[WorkerStatus]) -> str:
     """Per rank: pid, device, state, CPU use, resident memory and its peak, GPU memory, last cell.
 
     The gpu column (allocated / reserved by torch / used on the whole device) shows only when a
-    rank uses CUDA.
+    rank uses CUDA; the gpu use column (what NVML lists for the rank's pid, its peak, and the GPU's
+    utilisation, sampled by the kernel) only where NVML answers.
+
+    >>> from nbaccel.pool import WorkerStatus
+    >>> gpu = WorkerStatus(0, 7, "cuda:0", "idle", 900.0, 512.0, "-", gpu_held_mb=1024.0, gpu_peak_mb=2048.0, gpu_util=88)
+    >>> print(status_table([gpu]).splitlines()[1])
+    0     7    cuda:0  idle   -    900 MiB  -     512 MiB / - / -                  1.0 GiB / 2.0 GiB / 88%   -
     """
     statuses = list(statuses)
     gpu = any(s.device_memory_mb is not None for s in statuses)
-    rows = [("rank", "pid", "device", "state", "cpu", "memory", "peak", *(("gpu (allocated/reserved/device)",) if gpu else ()), "last cell")]
+    nvml = any(s.gpu_util is not None or s.gpu_held_mb is not None for s in statuses)
+    gpu_heads = (*(("gpu (allocated/reserved/device)",) if gpu else ()), *(("gpu use (held/peak/busy)",) if nvml else ()))
+    rows = [("rank", "pid", "device", "state", "cpu", "memory", "peak", *gpu_heads, "last cell")]
     for s in statuses:
         cpu = "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%"
         peak = "-" if s.peak_memory_mb is None else gib(int(s.peak_memory_mb * _MIB))
-        rows.append(
-            (str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *((_gpu_cell(s),) if gpu else ()), s.last_cell or "-")
-        )
+        gpu_cells = (*((_gpu_cell(s),) if gpu else ()), *((_nvml_cell(s),) if nvml else ()))
+        rows.append((str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *gpu_cells, s.last_cell or "-"))
     return _table(rows)
+
+
+def _nvml_cell(s: WorkerStatus) -> str:
+    """What NVML lists for the rank's pid, its peak, and its GPU's utilisation: ``1.0 GiB / 2.0 GiB / 88%``."""
+    held = "-" if s.gpu_held_mb is None else gib(int(s.gpu_held_mb * _MIB))
+    peak = "-" if s.gpu_peak_mb is None else gib(int(s.gpu_peak_mb * _MIB))
+    return f"{held} / {peak} / {'-' if s.gpu_util is None else f'{s.gpu_util:.0f}%'}"
 
 
 def _gpu_cell(s: WorkerStatus) -> str:

@@ -181,6 +181,9 @@ class WorkersComm:
                 "peak_host_memory": None if s.peak_memory_mb is None else int(s.peak_memory_mb * 2**20),
                 "gpu_reserved": None if s.device_reserved_mb is None else int(s.device_reserved_mb * 2**20),
                 "gpu_device_used": None if s.device_used_mb is None else int(s.device_used_mb * 2**20),
+                "gpu_held": None if s.gpu_held_mb is None else int(s.gpu_held_mb * 2**20),
+                "peak_gpu_held": None if s.gpu_peak_mb is None else int(s.gpu_peak_mb * 2**20),
+                "gpu_util": s.gpu_util,
                 "last_cell": self._last_cell or s.last_cell or None,
                 "node": None,
             }

@@ -71,6 +71,9 @@ class WorkerStatus:
     peak_memory_mb: float | None = None  # most resident memory sampled since the workers started
     device_reserved_mb: float | None = None  # held by torch's caching allocator (what %distributed free can return)
     device_used_mb: float | None = None  # the whole device's use (cudaMemGetInfo: every process and context on it)
+    gpu_held_mb: float | None = None  # what NVML lists for the rank's pid on its GPU, sampled by the kernel (nbaccel.devices.gpu_use)
+    gpu_peak_mb: float | None = None  # the most of that sampled since the workers started
+    gpu_util: float | None = None  # its GPU's utilisation, percent (NVML)
 
     def describe(self) -> str:
         gpu = f", {self.device_memory_mb:.0f} MiB on {self.device}" if self.device_memory_mb is not None else ""
@@ -401,7 +404,19 @@ class WorkerPool:
             peak_memory_mb=None if sample is None else sample["peak_rss"] / 2**20,
             device_reserved_mb=(answer or {}).get("device_reserved_mb"),
             device_used_mb=(answer or {}).get("device_used_mb"),
+            **_gpu_figures(sample),
         )
+
+
+def _gpu_figures(sample: dict[str, Any] | None) -> dict[str, float | None]:
+    """The sampler's NVML figures of a rank on a GPU, for ``WorkerStatus`` (none for CPU ranks)."""
+    sample = sample or {}
+    held, peak = sample.get("gpu_mem"), sample.get("peak_gpu_mem")
+    return {
+        "gpu_held_mb": None if held is None else held / 2**20,
+        "gpu_peak_mb": None if peak is None else peak / 2**20,
+        "gpu_util": sample.get("gpu_util"),
+    }
 
 
 def _import_rank_modules() -> None:

@@ -3,7 +3,8 @@
 The fake driver answers ``cuDeviceGetCount`` as the real one does (CUDA_ERROR_NOT_INITIALIZED
 until ``cuInit`` ran) and appends the pid of every process that called ``cuInit`` to
 ``$FAKE_CUDA_RECORD``. The fake NVML lists the GPUs that ``$FAKE_NVML_GPUS`` describes
-(``name|uuid|major|minor|mig-uuid,mig-uuid;...``) and ``$FAKE_NVML_DRIVER`` as its driver version.
+(``name|uuid|major|minor|mig-uuid,mig-uuid;...``) and ``$FAKE_NVML_DRIVER`` as its driver version,
+and answers per-process memory and utilisation from the file ``$FAKE_NVML_USE`` names (``write_use``).
 
 Example::
 
@@ -45,6 +46,7 @@ FAKE_NVML = r"""
 typedef struct { char name[96], uuid[96]; int major, minor, migs; char mig[MAX_MIGS][96]; } gpu_t;
 static gpu_t gpus[MAX_GPUS];
 static int count = -1;
+static int count_or_zero(void) { return count < 0 ? 0 : count; }
 static void field(char *dst, const char *src) { strncpy(dst, src ? src : "", 95); dst[95] = 0; }
 int nvmlInit_v2(void) {
     char spec[4096], *save_gpu = 0, *one;
@@ -84,16 +86,72 @@ int nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned int slot, void **mig) 
     return 0;
 }
 int nvmlSystemGetDriverVersion(char *out, unsigned int len) { const char *v = getenv("FAKE_NVML_DRIVER"); return copy(out, len, v ? v : "550.54.15"); }
+
+/* Per-process memory and utilisation, read from $FAKE_NVML_USE at every call (a test rewrites it
+   meanwhile): lines "proc <gpu> <pid> <bytes>" ("na" bytes: NVML_VALUE_NOT_AVAILABLE) and
+   "util <gpu> <percent>". Every call appends its name and GPU to $FAKE_NVML_CALLS, if set. */
+#include <stdio.h>
+#define MAX_PROCS 256
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } proc_v2_t;
+typedef struct { unsigned int pid; unsigned long long used; } proc_v1_t;
+static void note(const char *call, long gpu) {
+    const char *path = getenv("FAKE_NVML_CALLS"); FILE *f;
+    if (path && (f = fopen(path, "a"))) { fprintf(f, "%s %ld\n", call, gpu); fclose(f); }
+}
+static int read_use(long gpu, unsigned int *pids, unsigned long long *used, int *util) {
+    const char *path = getenv("FAKE_NVML_USE"); FILE *f; char kind[8], bytes[32]; long g; unsigned int pid; int n = 0, pct;
+    *util = -1;
+    if (!path || !(f = fopen(path, "r"))) return 0;
+    while (fscanf(f, "%7s", kind) == 1) {
+        if (!strcmp(kind, "proc") && fscanf(f, "%ld %u %31s", &g, &pid, bytes) == 3) {
+            if (g == gpu && n < MAX_PROCS) { pids[n] = pid; used[n++] = strcmp(bytes, "na") ? strtoull(bytes, 0, 10) : ~0ULL; }
+        } else if (!strcmp(kind, "util") && fscanf(f, "%ld %d", &g, &pct) == 2) {
+            if (g == gpu) *util = pct;
+        } else break;
+    }
+    fclose(f);
+    return n;
+}
+static int list(const char *call, void *h, unsigned int *count, void *infos, int v1) {
+    unsigned int pids[MAX_PROCS]; unsigned long long used[MAX_PROCS]; int util, n, i; long v = (long)h;
+    if (v < 1 || v > count_or_zero()) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+    note(call, v - 1);
+    n = read_use(v - 1, pids, used, &util);
+    if ((int)*count < n) { *count = n; return 7; } /* NVML_ERROR_INSUFFICIENT_SIZE */
+    for (i = 0; i < n; i++) {
+        if (v1) { proc_v1_t *p = (proc_v1_t *)infos + i; p->pid = pids[i]; p->used = used[i]; }
+        else { proc_v2_t *p = (proc_v2_t *)infos + i; p->pid = pids[i]; p->used = used[i]; p->gi = p->ci = ~0U; }
+    }
+    *count = n;
+    return 0;
+}
+#ifndef NO_V3
+int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned int *n, void *infos) { return list("v3", h, n, infos, 0); }
+#endif
+#ifndef NO_V2
+int nvmlDeviceGetComputeRunningProcesses_v2(void *h, unsigned int *n, void *infos) { return list("v2", h, n, infos, 0); }
+#endif
+int nvmlDeviceGetComputeRunningProcesses(void *h, unsigned int *n, void *infos) { return list("v1", h, n, infos, 1); }
+int nvmlDeviceGetUtilizationRates(void *h, unsigned int *rates) {
+    unsigned int pids[MAX_PROCS]; unsigned long long used[MAX_PROCS]; int util; long v = (long)h;
+    if (v < 1 || v > count_or_zero()) return 2;
+    note("util", v - 1);
+    read_use(v - 1, pids, used, &util);
+    if (util < 0) return 3; /* NVML_ERROR_NOT_SUPPORTED, as on a MIG instance */
+    rates[0] = util; rates[1] = 0;
+    return 0;
+}
 """
 
 
-def _build(source: str, folder: Path, name: str) -> Path:
+def _build(source: str, folder: Path, name: str, defines: tuple[str, ...] = ()) -> Path:
     if shutil.which("cc") is None:
         pytest.fail("cc is needed to build the fake NVIDIA libraries (apt-get install gcc)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.c").write_text(source)
     library = folder / name
-    subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(library), str(folder / f"{name}.c")], check=True, timeout=60)
+    flags = [f"-D{define}" for define in defines]
+    subprocess.run(["cc", "-shared", "-fPIC", *flags, f"-Wl,-soname,{name}", "-o", str(library), str(folder / f"{name}.c")], check=True, timeout=60)
     return library
 
 
@@ -102,6 +160,21 @@ def build_fake_cuda(folder: Path) -> Path:
     return _build(FAKE_CUDA, folder, "libcuda.so.1")
 
 
-def build_fake_nvml(folder: Path) -> Path:
-    """``folder/libnvidia-ml.so.1``: the GPUs ``$FAKE_NVML_GPUS`` describes."""
-    return _build(FAKE_NVML, folder, "libnvidia-ml.so.1")
+def build_fake_nvml(folder: Path, process_calls: tuple[str, ...] = ("v3", "v2", "v1")) -> Path:
+    """``folder/libnvidia-ml.so.1``: the GPUs ``$FAKE_NVML_GPUS`` describes, each process's memory
+    and each GPU's utilisation as ``$FAKE_NVML_USE`` says; ``process_calls`` are the versions of
+    ``nvmlDeviceGetComputeRunningProcesses`` it exports (an older driver's lack ``v3``, ``v2``)."""
+    defines = tuple(f"NO_{version.upper()}" for version in ("v3", "v2") if version not in process_calls)
+    return _build(FAKE_NVML, folder, "libnvidia-ml.so.1", defines)
+
+
+def write_use(path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int]) -> None:
+    """Tell the fake NVML (``$FAKE_NVML_USE``) what runs: gpu -> {pid: bytes (None: not available)}, gpu -> percent.
+
+    Written whole and renamed into place, so the fake never reads half a file.
+    """
+    lines = [f"proc {gpu} {pid} {'na' if used is None else used}" for gpu, found in processes.items() for pid, used in found.items()]
+    lines += [f"util {gpu} {percent}" for gpu, percent in utilisation.items()]
+    scratch = path.with_suffix(".new")
+    scratch.write_text("\n".join(lines) + "\n")
+    scratch.replace(path)

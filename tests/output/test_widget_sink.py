@@ -2,7 +2,7 @@
 
 Time is a fake clock: a test moves it on, and calls ``tick()`` where the kernel's event loop would.
 
-Imports internals (launch.outcome, output.choose, output.sinks, output.text, output.widgets.sink): it tests those units directly, below the public face.
+Imports internals (launch.outcome, launch.sampler, wire.rich, output.choose, output.sinks, output.text, output.widgets.sink): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -391,3 +391,43 @@ def test_a_ranks_chip_shows_its_sampled_use_live_and_the_static_view_its_peak(co
     assert "peak 2.0 GiB" in final["text/html"]
     ranks = {r["rank"]: r for r in final["application/vnd.nbaccel.ranks+json"]["ranks"]}
     assert ranks[1]["peak_rss"] == 2**31 and ranks[0]["peak_rss"] is None
+
+
+def test_a_gpu_ranks_chip_shows_its_device_memory_and_utilisation_from_real_samples(
+    comms: CommLog, publisher: FakePublisher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    from nbaccel.launch.sampler import ResourceSampler
+    from nbaccel.wire.rich import resources_event
+    from tests.devices.fakes import build_fake_nvml, write_use
+
+    monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(build_fake_nvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA H200|GPU-aa01|9|0|")
+    monkeypatch.setenv("FAKE_NVML_USE", str(tmp_path / "use.txt"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sampler = ResourceSampler({1: child.pid}, now=0.0, gpus={1: 0})
+        write_use(tmp_path / "use.txt", {0: {child.pid: 5 * 2**30}}, {0: 88})
+        first = sampler.sample(1.0)[1]
+        write_use(tmp_path / "use.txt", {0: {child.pid: 2**30}}, {0: 12})
+        second = sampler.sample(2.0)[1]
+    finally:
+        child.kill()
+        child.wait()
+    sink = _sink(publisher, tmp_path)
+    sink.launch_started(2, attempt=0)
+    sink.event(1, resources_event(first))
+    assert "gpu 5.0 GiB 88%" in sink.live.view.chips[1].value
+    sink.event(1, resources_event(second))
+    assert "gpu 1.0 GiB 12%" in sink.live.view.chips[1].value
+    sink.rank_finished(RankOutcome(0, Status.SUCCEEDED, exitcode=0))
+    sink.rank_finished(RankOutcome(1, Status.SUCCEEDED, exitcode=0))
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED), RankOutcome(1, Status.SUCCEEDED)])
+    final = publisher.final
+    assert "── rank 1 · done · peak " in final["text/plain"] and " · gpu peak 5.0 GiB ──" in final["text/plain"]
+    assert "gpu peak 5.0 GiB" in final["text/html"]
+    ranks = {r["rank"]: r for r in final["application/vnd.nbaccel.ranks+json"]["ranks"]}
+    assert ranks[1]["peak_gpu_mem"] == 5 * 2**30 and ranks[0]["peak_gpu_mem"] is None

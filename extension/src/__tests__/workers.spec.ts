@@ -170,7 +170,7 @@ describe('the workers panel', () => {
     const rows = Array.from(panel.node.querySelectorAll('tbody tr')).map(r =>
       Array.from(r.children).map(c => c.textContent)
     );
-    expect(rows[1]).toEqual(['1', '1001', 'cpu', 'idle', '—', '300 MiB', '—', '—', '[7]']); // an older kernel: no cpu, peak
+    expect(rows[1]).toEqual(['1', '1001', 'cpu', 'idle', '—', '300 MiB', '—', '—', '—', '[7]']); // an older kernel: no cpu, peak, GPU use
     comm.deliver(
       status({
         ...idle,
@@ -180,18 +180,22 @@ describe('the workers panel', () => {
           peak_host_memory: 400 * 1024 * 1024,
           gpu_memory: 2 ** 30,
           gpu_reserved: 2 ** 31,
-          gpu_device_used: 3 * 2 ** 30
+          gpu_device_used: 3 * 2 ** 30,
+          gpu_held: 1.5 * 2 ** 30,
+          peak_gpu_held: 2 ** 31,
+          gpu_util: 88.4
         }))
       })
     );
     const sampled = Array.from(panel.node.querySelectorAll('tbody tr')).map(r =>
       Array.from(r.children).map(c => c.textContent)
     );
-    expect(sampled[1].slice(4, 8)).toEqual([
+    expect(sampled[1].slice(4, 9)).toEqual([
       '97%',
       '300 MiB',
       '400 MiB',
-      `${bytesWords(2 ** 30)} (${bytesWords(2 ** 31)} reserved, ${bytesWords(3 * 2 ** 30)} on device)`
+      `${bytesWords(2 ** 30)} (${bytesWords(2 ** 31)} reserved, ${bytesWords(3 * 2 ** 30)} on device)`,
+      `${bytesWords(1.5 * 2 ** 30)} (peak ${bytesWords(2 ** 31)}), 88% busy`
     ]);
     comm.deliver(status({ ...idle, state: 'busy', cell: 3, busy_seconds: 1 }));
     const button = (action: string) => panel.node.querySelector<HTMLButtonElement>(`[data-action="${action}"]`)!;
@@ -217,7 +221,7 @@ describe('the workers panel', () => {
     const { model, comm } = await connected();
     const panel = new WorkersPanel(model, async () => false);
     comm.deliver(status(idle));
-    expect(panel.node.querySelectorAll('th').length).toBe(9);
+    expect(panel.node.querySelectorAll('th').length).toBe(10);
     comm.deliver(status({ ...idle, ranks: idle.ranks.map(r => ({ ...r, node: `node-${r.rank % 2}` })) }));
     expect(Array.from(panel.node.querySelectorAll('tbody tr:last-child td')).pop()?.textContent).toBe('node-1');
     expect(statusWords({ ...idle, num_processes: 1 }, 0)).toBe('nbaccel: 1 rank idle');

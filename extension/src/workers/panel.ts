@@ -1,5 +1,6 @@
 /**
- * The workers sidebar: each rank's pid, device, state, host and GPU memory, last cell and node,
+ * The workers sidebar: each rank's pid, device, state, host and GPU memory (and GPU use, where
+ * NVML answers the kernel), last cell and node,
  * with Interrupt, Restart and Stop (the last two ask first).
  *
  * Example:
@@ -24,6 +25,7 @@ const COLUMNS: [string, (rank: IRankInfo) => string][] = [
   ['host memory', r => bytesWords(r.host_memory)],
   ['peak', r => bytesWords(r.peak_host_memory ?? null)],
   ['GPU memory', r => gpuWords(r)],
+  ['GPU use', r => gpuUseWords(r)],
   ['last cell', r => r.last_cell ?? '—']
 ];
 
@@ -35,6 +37,15 @@ function gpuWords(r: IRankInfo): string {
     typeof r.gpu_device_used === 'number' ? `${bytesWords(r.gpu_device_used)} on device` : null
   ].filter(Boolean);
   return more.length ? `${allocated} (${more.join(', ')})` : allocated;
+}
+
+/** What NVML says of the rank, sampled by the kernel: '1.0 GiB (peak 2.0 GiB), 88% busy'; '—' without NVML. */
+function gpuUseWords(r: IRankInfo): string {
+  const held = typeof r.gpu_held === 'number' ? bytesWords(r.gpu_held) : null;
+  const peak = typeof r.peak_gpu_held === 'number' ? ` (peak ${bytesWords(r.peak_gpu_held)})` : '';
+  const busy = typeof r.gpu_util === 'number' ? `${Math.round(r.gpu_util)}% busy` : null;
+  const words = [held === null ? null : `${held}${peak}`, busy].filter(Boolean);
+  return words.length ? words.join(', ') : '—';
 }
 
 export class WorkersPanel extends Widget {

@@ -22,6 +22,10 @@ export interface IRankInfo {
   /** GPU memory held by torch's caching allocator, and used on the whole device. */
   gpu_reserved?: number | null;
   gpu_device_used?: number | null;
+  /** What NVML lists for the rank's pid on its GPU, its peak, and the GPU's utilisation (%), sampled by the kernel. */
+  gpu_held?: number | null;
+  peak_gpu_held?: number | null;
+  gpu_util?: number | null;
   /** '[12]': the last cell it ran, as the notebook numbers it (or its first line). */
   last_cell: string | null;
   node: string | null;

@@ -52,7 +52,11 @@ def ranks_bundle(
         "attempt": view.attempt,
         "log_dir": view.log_dir,
         "ranks": [
-            {**rank_entry(rank, view.states[rank], panel, elapsed.get(rank), nodes.get(rank)), "peak_rss": view.peaks.get(rank)}
+            {
+                **rank_entry(rank, view.states[rank], panel, elapsed.get(rank), nodes.get(rank)),
+                "peak_rss": view.peaks.get(rank),
+                "peak_gpu_mem": view.gpu_peaks.get(rank),
+            }
             for rank, panel in sorted(view.panels.items())
         ],
     }

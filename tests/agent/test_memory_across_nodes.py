@@ -1,0 +1,94 @@
+"""Out of memory, named on another node: the agent judges its rank's SIGKILL with the one-node code and says so.
+
+A rank on node 1 moves itself into a memory cgroup (v1, limit 300 MiB, made by the test as root)
+and grows until the kernel's OOM killer takes it; its agent's sampler saw it in that cgroup, so
+the agent's word reaches the kernel and the failure reads as on one node. A rank that kills
+itself with SIGKILL (no memory pressure) stays "killed by SIGKILL".
+
+Imports nbaccel.launch.outcome (internal): the rank's status words, as its chip and tab say them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nbaccel import Cluster, NodeRankFailedError, notebook_launcher
+from nbaccel.launch.outcome import status_words
+from nbaccel.testing import CollectingSink
+
+pytestmark = pytest.mark.timeout(120)
+
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    if not os.access(_CGROUP_V1, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory controller (root) to set a limit for the test")
+    folder = _CGROUP_V1 / f"nbaccel-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / "memory.limit_in_bytes").write_text(str(300 * 2**20))
+    yield folder
+    for _ in range(50):  # the killed rank leaves the cgroup once reaped
+        try:
+            folder.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)
+
+
+def grow_on_rank_3_until_killed(cgroup: str) -> None:
+    import os
+    import time
+
+    if os.environ["RANK"] != "3":
+        time.sleep(30)  # stopped by nbaccel after rank 3's failure
+        return
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+    chunks = []
+    # 20 MiB every 100 ms, each page touched: the limit comes after about 1.6 s, so the agent's
+    # sampler (once a second) sees the rank in its cgroup first (as tests/launch/test_memory.py).
+    while True:
+        chunks.append(bytearray(b"x" * (20 * 2**20)))
+        time.sleep(0.1)
+
+
+def test_a_rank_the_oom_killer_takes_on_another_node_is_named_with_its_peak_and_the_limit(two_nodes: Cluster, memory_cgroup: Path) -> None:
+    sink = CollectingSink()
+    with pytest.raises(NodeRankFailedError) as caught:
+        notebook_launcher(grow_on_rank_3_until_killed, args=(str(memory_cgroup),), cluster=two_nodes, output=sink)
+    text = str(caught.value)
+    assert "rank 3 on node 1 (" in text and "killed by the out-of-memory killer (peak " in text and " of 300 MiB)" in text, text
+    outcome = {o.rank: o for o in caught.value.outcomes}[3]
+    assert outcome.peak_rss is not None and outcome.peak_rss > 100 * 2**20  # the agent's sample, sent with the exit
+    assert status_words(outcome).short == "failed (out of memory)"  # the rank's chip and tab
+    assert [o.status.value for o in sorted(caught.value.outcomes, key=lambda o: o.rank)] == ["stopped", "stopped", "stopped", "killed"]
+
+
+def kill_rank_3_by_sigkill() -> None:
+    import os
+    import signal
+    import time
+
+    if os.environ["RANK"] == "3":
+        time.sleep(1.5)  # sampled once, holding little
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)
+
+
+def test_a_sigkill_without_memory_pressure_on_another_node_stays_a_sigkill(two_nodes: Cluster) -> None:
+    with pytest.raises(NodeRankFailedError) as caught:
+        notebook_launcher(kill_rank_3_by_sigkill, cluster=two_nodes, output=CollectingSink())
+    text = str(caught.value)
+    assert "rank 3 on node 1 (" in text and "killed by SIGKILL" in text and "out-of-memory" not in text, text
+    outcome = {o.rank: o for o in caught.value.outcomes}[3]
+    assert outcome.signal == signal.SIGKILL and outcome.out_of_memory is None
+    assert outcome.peak_rss is not None and outcome.peak_rss > 0  # the agent sampled it
