@@ -2,8 +2,9 @@
 
 The kernel (and each node's agent) samples its ranks through this once a second
 (``nbaccel.launch.sampler``); it must never run ``cuInit``, so it asks ``libnvidia-ml`` only:
-``nvmlDeviceGetComputeRunningProcesses`` (``_v3``, else ``_v2``, else the first version with its
-shorter record) for each process's memory, matched on the pid, and
+``nvmlDeviceGetComputeRunningProcesses`` (``_v3``, whose record is longer from driver R535 on,
+else ``_v2``, else the first version with its shorter record) for each process's memory,
+matched on the pid, and
 ``nvmlDeviceGetUtilizationRates`` for the share of the last sample period in which a kernel ran
 (NVML's figure; on a MIG instance it is not supported and reads None). One list and one
 utilisation call per device per sample, whatever the number of ranks on it.
@@ -37,9 +38,20 @@ _FIRST_GUESS = 32  # records asked for at first; grown when NVML says more proce
 
 
 class _ProcessInfo(ctypes.Structure):
-    """``nvmlProcessInfo_v2_t``, also the record of ``_v3``."""
+    """``nvmlProcessInfo_v2_t``: the record of ``_v2``, and of ``_v3`` before driver R535."""
 
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class _ProcessInfoV3(ctypes.Structure):
+    """What ``_v3`` fills from driver R535 on: the same call, a longer record (v2's fields plus
+    ``usedGpuCcProtectedMemory``). Read with v2's layout, every pid after the first is garbage
+    (the bug tools such as nvitop and pynvml had with R535)."""
+
+    _fields_ = [*_ProcessInfo._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+_LONGER_V3_FROM = 535  # the driver branch whose _v3 fills _ProcessInfoV3
 
 
 class _ProcessInfoV1(ctypes.Structure):
@@ -118,12 +130,18 @@ class GpuUse:
 
 def _process_call(library: ctypes.CDLL) -> tuple[Any, type[ctypes.Structure]]:
     """The newest per-process memory call the library has, with the record it fills."""
-    for name, record in (
-        ("nvmlDeviceGetComputeRunningProcesses_v3", _ProcessInfo),
-        ("nvmlDeviceGetComputeRunningProcesses_v2", _ProcessInfo),
-        ("nvmlDeviceGetComputeRunningProcesses", _ProcessInfoV1),
-    ):
+    v3 = getattr(library, "nvmlDeviceGetComputeRunningProcesses_v3", None)
+    if v3 is not None:
+        return v3, _ProcessInfoV3 if _driver_branch() >= _LONGER_V3_FROM else _ProcessInfo
+    for name, record in (("nvmlDeviceGetComputeRunningProcesses_v2", _ProcessInfo), ("nvmlDeviceGetComputeRunningProcesses", _ProcessInfoV1)):
         call = getattr(library, name, None)
         if call is not None:
             return call, record
     return None, _ProcessInfo
+
+
+def _driver_branch() -> int:
+    """The driver's major version ("550.54.15" -> 550); a library that does not say is taken as new."""
+    version = nvml.driver_version() or ""
+    major = version.split(".", 1)[0]
+    return int(major) if major.isdigit() else _LONGER_V3_FROM

@@ -93,6 +93,9 @@ int nvmlSystemGetDriverVersion(char *out, unsigned int len) { const char *v = ge
 #include <stdio.h>
 #define MAX_PROCS 256
 typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } proc_v2_t;
+/* What _v3 fills from driver R535 on (the same name, a longer record): v2's plus usedGpuCcProtectedMemory. */
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; unsigned long long cc; } proc_v3_t;
+static int driver_major(void) { const char *v = getenv("FAKE_NVML_DRIVER"); return atoi(v ? v : "550"); }
 typedef struct { unsigned int pid; unsigned long long used; } proc_v1_t;
 static void note(const char *call, long gpu) {
     const char *path = getenv("FAKE_NVML_CALLS"); FILE *f;
@@ -113,6 +116,7 @@ static int read_use(long gpu, unsigned int *pids, unsigned long long *used, int 
     return n;
 }
 static int list(const char *call, void *h, unsigned int *count, void *infos, int v1) {
+    int v3 = !strcmp(call, "v3") && driver_major() >= 535;
     unsigned int pids[MAX_PROCS]; unsigned long long used[MAX_PROCS]; int util, n, i; long v = (long)h;
     if (v < 1 || v > count_or_zero()) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
     note(call, v - 1);
@@ -120,6 +124,7 @@ static int list(const char *call, void *h, unsigned int *count, void *infos, int
     if ((int)*count < n) { *count = n; return 7; } /* NVML_ERROR_INSUFFICIENT_SIZE */
     for (i = 0; i < n; i++) {
         if (v1) { proc_v1_t *p = (proc_v1_t *)infos + i; p->pid = pids[i]; p->used = used[i]; }
+        else if (v3) { proc_v3_t *p = (proc_v3_t *)infos + i; p->pid = pids[i]; p->used = used[i]; p->gi = p->ci = ~0U; p->cc = 0; }
         else { proc_v2_t *p = (proc_v2_t *)infos + i; p->pid = pids[i]; p->used = used[i]; p->gi = p->ci = ~0U; }
     }
     *count = n;

@@ -38,16 +38,19 @@ def use_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "use.txt"
 
 
-@pytest.mark.parametrize("version", ["v3", "v2", "v1"])
+@pytest.mark.parametrize(("version", "driver_version"), [("v3", "550.54.15"), ("v3", "530.30.02"), ("v2", "550.54.15"), ("v1", "550.54.15")])
 def test_each_process_memory_and_the_utilisation_with_the_newest_call_the_library_has(
-    version: str, fake_nvml: dict[str, Path], use_file: Path, monkeypatch: pytest.MonkeyPatch
+    version: str, driver_version: str, fake_nvml: dict[str, Path], use_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """From driver R535 on, ``_v3`` fills a longer record under the same name (nvitop#75, pynvml#50:
+    read with v2's layout every pid after the first is garbage); before it, v2's record."""
     monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(fake_nvml[version]))
+    monkeypatch.setenv("FAKE_NVML_DRIVER", driver_version)
     write_use(use_file, {0: {101: 2**30, 102: 3 * 2**30, 103: None}, 2: {201: 5 * 2**30}}, {0: 37})
     use = GpuUse.open({0: 0, 1: 0, 2: 2})  # ranks 0 and 1 share cuda:0
     assert use is not None and use.devices == {0: 0, 1: 0, 2: 2}
     found = use.sample([0, 1, 2])
-    # the v1 record is shorter: read with v2's layout, the second pid would be garbage
+    # each record's length differs (v1 16, v2 24, v3 of R535+ 32 bytes): a wrong layout garbles the second pid
     assert found[0].memory == {101: 2**30, 102: 3 * 2**30}  # 103's memory is not available: left out
     assert found[0].utilisation == 37
     assert found[2].memory == {201: 5 * 2**30} and found[2].utilisation is None  # NVML does not say (a MIG instance)
