@@ -50,6 +50,9 @@ _CLOSE_GRACE = 3.0  # close(): how long nodes get to report their ranks ended be
 LOST_CODE = -signal.SIGKILL  # the exit status a lost node's ranks are given
 
 
+_SAMPLE_FRAME_MAX = 512  # bytes: a pickled resource sample is about 150
+
+
 @dataclass
 class NodeSlot:
     """One node's part in a launch: its node rank, its global ranks, and whether it is done."""
@@ -103,6 +106,7 @@ class ClusterRankGroup:
         self._codes: dict[int, int] = {}
         self._signalled: set[int] = set()
         self._memory: dict[int, tuple[int | None, str | None]] = {}  # rank -> (peak, OOM words) from its agent
+        self.latest_samples: dict[int, dict[str, Any]] = {}  # rank -> its agent's latest resource sample
         self._lines: dict[int, deque[str]] = {rank: deque(maxlen=LAST_LINES) for rank in self.slot_of}
         self._loop: EventLoop | None = None
         self._closed = False
@@ -182,8 +186,11 @@ class ClusterRankGroup:
                     self._loop.lines(rank, body["stream"], body["lines"])
         elif item.kind == protocol.FRAME:
             rank, kind_number, payload = protocol.unpack_frame(item.payload)
+            kind_of = events.decode_kind(kind_number)
+            if rank in slot.ranks and kind_of is events.Kind.RICH:
+                self._note_sample(rank, payload)
             if rank in slot.ranks and self._loop is not None:
-                self._loop.event(rank, events.Event(events.decode_kind(kind_number), payload))
+                self._loop.event(rank, events.Event(kind_of, payload))
         elif item.kind == protocol.EXITED:
             body = item.json()
             if int(body["rank"]) in slot.ranks:
@@ -197,6 +204,18 @@ class ClusterRankGroup:
             slot.done = True
         elif item.kind == protocol.FAILED:
             self._lose(slot, f"could not start its ranks ({item.json()['message']})", error_type="NodeStartError")
+
+    def _note_sample(self, rank: int, payload: bytes) -> None:
+        """Keep the latest resource sample of ``rank`` (``pool.status()`` between cells shows it).
+
+        Only small frames are looked into: a sample is a few numbers, a display may be megabytes.
+        The frame came over the signed link, verified, as every frame the loop decodes.
+        """
+        if len(payload) > _SAMPLE_FRAME_MAX:
+            return
+        event = events.loads(payload)
+        if isinstance(event, dict) and event.get("type") == rich.RESOURCES:
+            self.latest_samples[rank] = event
 
     def _exit(self, rank: int, code: int, signalled: bool) -> None:
         if rank in self._codes:

@@ -124,6 +124,14 @@ class ClusterWorkers(WorkerPool):
             "or pool.restart(wait_for=N) (%distributed restart --wait-for N) once a replacement agent joined."
         )
 
+    def _samples(self) -> dict[int, dict[str, Any]]:
+        """Each rank's latest sample from its agent (agents sample their own ranks once a second)."""
+        group = self._group
+        if not isinstance(group, ClusterRankGroup):
+            return {}
+        group.catch_up()
+        return dict(group.latest_samples)
+
     def _status_of(self, rank: int, answer: Any, sample: dict[str, Any] | None = None) -> WorkerStatus:
         status = super()._status_of(rank, answer, sample)
         group = self._group

@@ -201,8 +201,12 @@ class WorkerPool:
         answers: dict[int, Any] = {}
         if not any(group.returncode(rank) is not None for rank in range(self.num_processes)):
             answers = self.run_task(RankStatus(), ranks=range(self.num_processes), output="text", label="", remember=False)
-        samples = self._sampler.sample(time.monotonic()) if self._sampler is not None else {}
+        samples = self._samples()
         return [self._status_of(rank, answers.get(rank), samples.get(rank)) for rank in range(self.num_processes)]
+
+    def _samples(self) -> dict[int, dict[str, Any]]:
+        """Each rank's resource sample now (CPU, memory, GPU), by rank: sampled here on one node."""
+        return self._sampler.sample(time.monotonic()) if self._sampler is not None else {}
 
     def free(self) -> dict[int, dict[str, Any]]:
         """On every rank: ``gc.collect()``, then ``torch.cuda.empty_cache()`` where CUDA is in use;

@@ -69,3 +69,24 @@ def test_an_interrupted_task_leaves_the_pool_alive(two_nodes: Cluster) -> None:
             timer.cancel()
         assert time.monotonic() - started < 1.0 + scaled(5.0)
         assert pool.run(lambda: "after", output=CollectingSink()) == ["after"] * 4
+
+
+def _hold_memory(namespace: dict) -> None:
+    namespace["held"] = bytearray(64 * 2**20)  # written: resident, on every worker
+
+
+def test_status_between_cells_shows_what_each_agent_last_sampled_of_its_ranks(two_nodes: Cluster) -> None:
+    pool = start_workers(cluster=two_nodes)
+    try:
+        pool.run_task(_hold_memory, output="text")
+        deadline = time.monotonic() + scaled(10)
+        while True:  # the agents sample once a second, between cells too
+            statuses = pool.status()
+            if all(s.peak_memory_mb is not None and s.peak_memory_mb >= 64 for s in statuses) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert [s.rank for s in statuses] == [0, 1, 2, 3]
+        assert all(s.peak_memory_mb is not None and s.peak_memory_mb >= 64 for s in statuses), statuses
+        assert all(s.cpu_percent is not None and s.cpu_percent >= 0 for s in statuses), statuses
+    finally:
+        pool.stop()
