@@ -30,14 +30,12 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbaccel import _version
 from nbaccel.cluster.inbox import LaunchInbox
+from nbaccel.cluster.nodes import NodeInfo, version_refusal
 from nbaccel.cluster.starters import AgentStart, AgentStartError, check_starts, start_with
 from nbaccel.net import clock, protocol
-from nbaccel.net.clock import NodeClock
 from nbaccel.net.link import Link, new_nonce, split_address
 from nbaccel.net.signing import Message, new_secret, private_token_dir, write_token_file
 
@@ -47,47 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["AgentStartError", "Cluster", "NodeInfo"]
 
 log = logging.getLogger("nbaccel.cluster")
-
-
-def version_refusal(join: dict[str, Any]) -> str | None:
-    """Why a node agent may not join, or None: it must run this kernel's nbaccel version.
-
-    The frames and messages between them are versioned by the package, not one by one, so a node
-    of another version is refused at once, both versions named, rather than misread later.
-
-    Example:
-        >>> version_refusal({"version": _version.__version__}) is None
-        True
-        >>> version_refusal({"version": "0.0.1"})  # doctest: +ELLIPSIS
-        'the node runs nbaccel 0.0.1, this kernel runs nbaccel ...; install the same nbaccel on every node'
-    """
-    theirs = str(join.get("version", "unknown (older than 0.1)"))
-    if theirs == _version.__version__:
-        return None
-    return f"the node runs nbaccel {theirs}, this kernel runs nbaccel {_version.__version__}; install the same nbaccel on every node"
-
-
-@dataclass
-class NodeInfo:
-    """One agent that joined: where it runs, how many ranks it starts, and whether it answers."""
-
-    name: str
-    host: str
-    address: str
-    nproc: int
-    gpus: int
-    pid: int
-    started_by: str = "by hand"  # "ssh node1", "slurm job 12", ...: from the agent's --started-by
-    order: int | None = None  # Slurm's node order (SLURM_NODEID) when an srun step started the agent
-    alive: bool = True
-    lost_reason: str = ""
-    last_seen: float = field(default_factory=time.monotonic)
-    joined_at: float = field(default_factory=time.monotonic)
-    clock: NodeClock = field(default_factory=NodeClock)  # its clock minus the kernel's, and the round trip
-    link: Link | None = field(default=None, repr=False)
-
-    def describe(self) -> str:
-        return f"{self.name} ({self.host}, {self.address})"
 
 
 _OPEN_CLUSTERS: weakref.WeakSet[Cluster] = weakref.WeakSet()
