@@ -180,6 +180,9 @@ class Cluster:
                     joined = len([n for n in self.nodes if n.alive])
                     refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
                     waiting = "".join(f"; {p}" for p in said.values())
+                    unmeasured = [n.name for n in self.nodes if n.alive and n.clock.count < clock.JOIN_SAMPLES]
+                    if unmeasured:  # joined, but silent to the clock probes: an agent that does not answer them
+                        waiting += f"; node(s) {', '.join(unmeasured)} joined but did not answer the clock probes"
                     raise TimeoutError(
                         f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
                     )
@@ -374,6 +377,7 @@ class Cluster:
             node.clock.add(clock.sample_of(message.json(), received_ns))
         except (KeyError, TypeError, ValueError):  # signed by the agent, so a bug, not an attack: say it
             log.warning("nbaccel.Cluster: node %s sent a malformed clock answer: %r", node.name, message.payload[:200])
+            return
         if node.clock.count < clock.JOIN_SAMPLES:
             self.send(node, protocol.CLOCK, {"t0": clock.now_ns()})
         elif node.clock.count == clock.JOIN_SAMPLES:
