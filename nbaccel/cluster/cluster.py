@@ -217,7 +217,7 @@ class Cluster:
     def __repr__(self) -> str:
         lines = [f"nbaccel.Cluster at {self.address}: {len(self.live_nodes)} node(s) joined", "Run on each node:", f"  {self.agent_command()}"]
         lines += [
-            f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, clock {n.clock.describe()}, {'alive' if n.alive else 'lost: ' + n.lost_reason}"
+            f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, {'alive' if n.alive else 'lost: ' + n.lost_reason}, clock {n.clock.describe()}"
             for n in self.nodes
         ]
         if self.refused:
@@ -226,13 +226,13 @@ class Cluster:
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{html.escape(n.name)}</td><td>{html.escape(n.host)}</td><td>{html.escape(n.address)}</td><td>{n.nproc}</td><td>{n.gpus}</td><td>{html.escape(n.started_by)}</td><td>{html.escape(n.clock.describe())}</td><td>{'alive' if n.alive else 'lost'}</td></tr>"
+            f"<tr><td>{html.escape(n.name)}</td><td>{html.escape(n.host)}</td><td>{html.escape(n.address)}</td><td>{n.nproc}</td><td>{n.gpus}</td><td>{html.escape(n.started_by)}</td><td>{'alive' if n.alive else 'lost'}</td><td>{html.escape(n.clock.describe())}</td></tr>"
             for n in self.nodes
         )
         return (
             f"<div><b>nbaccel.Cluster</b> at <code>{html.escape(self.address)}</code>, {len(self.live_nodes)} node(s) joined."
             f"<br>Run on each node: <code>{html.escape(self.agent_command())}</code>"
-            f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>started</th><th title='its clock minus the kernel&#39;s, ± half the round trip'>clock</th><th>state</th></tr>{rows}</table></div>"
+            f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>started</th><th>state</th><th title='its clock minus the kernel&#39;s, ± half the round trip'>clock</th></tr>{rows}</table></div>"
         )
 
     # -- used by the cluster's rank groups -----------------------------------------------------------
