@@ -120,6 +120,8 @@ def _ms(words: str) -> float:
 def test_a_node_whose_clock_is_5_s_ahead_is_measured_and_its_lanes_are_put_back_on_the_kernels_clock(
     skewed_nodes: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Node 1's clock is really 5 s ahead as the kernel sees it (the seam: ``skewed_nodes``); the
+    measured offset, and only it, puts its ranks' all_reduces back beside node 0's."""
     node0, node1 = skewed_nodes.nodes
     assert node0.clock.offset_ns is not None and node1.clock.offset_ns is not None, (node0.clock, node1.clock)  # wait() waited for them
     assert abs(node0.clock.offset_ns) < scaled(0.005) * 1e9, node0.clock
