@@ -1,5 +1,9 @@
 """``profile=`` on two agents on loopback: every rank's trace comes through its agent, lanes named by
-node, on the kernel's clock even when a node's clock is off (a test seam skews it)."""
+node, on the kernel's clock even when a node's clock is off (a test seam skews it).
+
+Imports internals (net.clock for the seam's variable, output.profile_sink for a profiled call on
+workers, which the public face reaches only through the magic).
+"""
 
 from __future__ import annotations
 
