@@ -27,7 +27,7 @@ from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.node_ranks import NodeRanks
 from nbaccel.devices import nvml
 from nbaccel.launch import warm
-from nbaccel.net import protocol
+from nbaccel.net import clock, protocol
 from nbaccel.net.link import Link, new_nonce, split_address
 from nbaccel.net.signing import Message
 
@@ -218,15 +218,18 @@ class NodeAgent:
             print(f"nbaccel-agent: the connection to the kernel at {self.address} closed; stopping this node's ranks and exiting", file=sys.stderr, flush=True)
             return EXIT_KERNEL_LOST
         self._last_heard = time.monotonic()
+        received_ns = clock.now_ns()  # as soon as read: a clock probe's t1 (nbaccel.net.clock)
         for message in messages:
-            code = self._handle(message)
+            code = self._handle(message, received_ns)
             if code is not None:
                 return code
         return True
 
-    def _handle(self, message: Message) -> int | None:
+    def _handle(self, message: Message, received_ns: int | None = None) -> int | None:
         kind = message.kind
-        if kind == protocol.LAUNCH:
+        if kind in (protocol.HEARTBEAT, protocol.CLOCK):
+            self._answer_probe(message, clock.now_ns() if received_ns is None else received_ns)
+        elif kind == protocol.LAUNCH:
             self._start_launch(message)
         elif kind == protocol.CLOSE:
             return EXIT_OK
@@ -244,6 +247,12 @@ class NodeAgent:
             elif kind == protocol.SIGNAL and int(body.get("signal", 0)) in _SIGNALS_THE_KERNEL_MAY_SEND:
                 self.ranks.signal_ranks([int(r) for r in body.get("ranks", [])], int(body["signal"]))
         return None
+
+    def _answer_probe(self, message: Message, received_ns: int) -> None:
+        """The kernel's clock probe (its heartbeats carry one): this node's times, at once."""
+        probe = message.json()
+        if isinstance(probe, dict) and isinstance(probe.get("t0"), int):
+            self._send(protocol.CLOCK, clock.answer(probe, received_ns))
 
     # -- launches ------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ The cluster listens on the one address it is given (never on every interface), k
 32-byte secret in a file only its owner can read, and runs one background thread that accepts
 agents, authenticates them, exchanges heartbeats and routes each launch's messages to the cell
 that launched. A node silent for ``NODE_LOST_AFTER`` seconds, or whose connection closes, is lost.
+Each node's clock offset from the kernel's is measured over the same link (``nbaccel.net.clock``):
+a burst of probes when it joins, then one in every heartbeat; ``NodeInfo.clock`` holds the best.
 
 Example::
 
@@ -28,13 +30,12 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbaccel import _version
 from nbaccel.cluster.inbox import LaunchInbox
+from nbaccel.cluster.nodes import NodeInfo, version_refusal
 from nbaccel.cluster.starters import AgentStart, AgentStartError, check_starts, start_with
-from nbaccel.net import protocol
+from nbaccel.net import clock, protocol
 from nbaccel.net.link import Link, new_nonce, split_address
 from nbaccel.net.signing import Message, new_secret, private_token_dir, write_token_file
 
@@ -44,46 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["AgentStartError", "Cluster", "NodeInfo"]
 
 log = logging.getLogger("nbaccel.cluster")
-
-
-def version_refusal(join: dict[str, Any]) -> str | None:
-    """Why a node agent may not join, or None: it must run this kernel's nbaccel version.
-
-    The frames and messages between them are versioned by the package, not one by one, so a node
-    of another version is refused at once, both versions named, rather than misread later.
-
-    Example:
-        >>> version_refusal({"version": _version.__version__}) is None
-        True
-        >>> version_refusal({"version": "0.0.1"})  # doctest: +ELLIPSIS
-        'the node runs nbaccel 0.0.1, this kernel runs nbaccel ...; install the same nbaccel on every node'
-    """
-    theirs = str(join.get("version", "unknown (older than 0.1)"))
-    if theirs == _version.__version__:
-        return None
-    return f"the node runs nbaccel {theirs}, this kernel runs nbaccel {_version.__version__}; install the same nbaccel on every node"
-
-
-@dataclass
-class NodeInfo:
-    """One agent that joined: where it runs, how many ranks it starts, and whether it answers."""
-
-    name: str
-    host: str
-    address: str
-    nproc: int
-    gpus: int
-    pid: int
-    started_by: str = "by hand"  # "ssh node1", "slurm job 12", ...: from the agent's --started-by
-    order: int | None = None  # Slurm's node order (SLURM_NODEID) when an srun step started the agent
-    alive: bool = True
-    lost_reason: str = ""
-    last_seen: float = field(default_factory=time.monotonic)
-    joined_at: float = field(default_factory=time.monotonic)
-    link: Link | None = field(default=None, repr=False)
-
-    def describe(self) -> str:
-        return f"{self.name} ({self.host}, {self.address})"
 
 
 _OPEN_CLUSTERS: weakref.WeakSet[Cluster] = weakref.WeakSet()
@@ -208,16 +169,20 @@ class Cluster:
             return [n for n in self.nodes if n.alive]
 
     def wait(self, nodes: int = 2, timeout: float = 120.0) -> list[NodeInfo]:
-        """Block until ``nodes`` agents are joined and alive; TimeoutError naming what is missing."""
+        """Block until ``nodes`` agents are joined, alive and their clocks measured (a few ms after
+        the join: ``NodeInfo.clock``); TimeoutError naming what is missing."""
         deadline = time.monotonic() + timeout
         said: dict[int, str] = {}
         with self._changed:
-            while len([n for n in self.nodes if n.alive]) < nodes:
+            while len([n for n in self.nodes if n.alive and n.clock.count >= clock.JOIN_SAMPLES]) < nodes:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
                     joined = len([n for n in self.nodes if n.alive])
                     refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
                     waiting = "".join(f"; {p}" for p in said.values())
+                    unmeasured = [n.name for n in self.nodes if n.alive and n.clock.count < clock.JOIN_SAMPLES]
+                    if unmeasured:  # joined, but silent to the clock probes: an agent that does not answer them
+                        waiting += f"; node(s) {', '.join(unmeasured)} joined but did not answer the clock probes"
                     raise TimeoutError(
                         f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
                     )
@@ -252,7 +217,7 @@ class Cluster:
     def __repr__(self) -> str:
         lines = [f"nbaccel.Cluster at {self.address}: {len(self.live_nodes)} node(s) joined", "Run on each node:", f"  {self.agent_command()}"]
         lines += [
-            f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, {'alive' if n.alive else 'lost: ' + n.lost_reason}"
+            f"  node {n.name}: {n.host} {n.address}, {n.nproc} rank(s), {n.gpus} GPU(s), {n.started_by}, {'alive' if n.alive else 'lost: ' + n.lost_reason}, clock {n.clock.describe()}"
             for n in self.nodes
         ]
         if self.refused:
@@ -261,13 +226,13 @@ class Cluster:
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{html.escape(n.name)}</td><td>{html.escape(n.host)}</td><td>{html.escape(n.address)}</td><td>{n.nproc}</td><td>{n.gpus}</td><td>{html.escape(n.started_by)}</td><td>{'alive' if n.alive else 'lost'}</td></tr>"
+            f"<tr><td>{html.escape(n.name)}</td><td>{html.escape(n.host)}</td><td>{html.escape(n.address)}</td><td>{n.nproc}</td><td>{n.gpus}</td><td>{html.escape(n.started_by)}</td><td>{'alive' if n.alive else 'lost'}</td><td>{html.escape(n.clock.describe())}</td></tr>"
             for n in self.nodes
         )
         return (
             f"<div><b>nbaccel.Cluster</b> at <code>{html.escape(self.address)}</code>, {len(self.live_nodes)} node(s) joined."
             f"<br>Run on each node: <code>{html.escape(self.agent_command())}</code>"
-            f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>started</th><th>state</th></tr>{rows}</table></div>"
+            f"<table><tr><th>node</th><th>host</th><th>address</th><th>ranks</th><th>GPUs</th><th>started</th><th>state</th><th title='its clock minus the kernel&#39;s, ± half the round trip'>clock</th></tr>{rows}</table></div>"
         )
 
     # -- used by the cluster's rank groups -----------------------------------------------------------
@@ -390,6 +355,7 @@ class Cluster:
             self.nodes.append(node)
             self._changed.notify_all()
         self._selector.modify(fd, selectors.EVENT_READ, node)
+        self.send(node, protocol.CLOCK, {"t0": clock.now_ns()})  # the join's burst: each answer asks the next
 
     def _on_node(self, node: NodeInfo) -> None:
         assert node.link is not None
@@ -398,9 +364,25 @@ class Cluster:
         except EOFError:
             self._lose(node, "its connection closed (the agent or its machine stopped)")
             return
+        received_ns = clock.now_ns()  # as soon as read: a clock answer's t3
         node.last_seen = time.monotonic()
         for message in messages:
-            self._route(node, message)
+            if message.kind == protocol.CLOCK:
+                self._on_clock(node, message, received_ns)
+            else:
+                self._route(node, message)
+
+    def _on_clock(self, node: NodeInfo, message: Message, received_ns: int) -> None:
+        try:
+            node.clock.add(clock.sample_of(message.json(), received_ns))
+        except (KeyError, TypeError, ValueError):  # signed by the agent, so a bug, not an attack: say it
+            log.warning("nbaccel.Cluster: node %s sent a malformed clock answer: %r", node.name, message.payload[:200])
+            return
+        if node.clock.count < clock.JOIN_SAMPLES:
+            self.send(node, protocol.CLOCK, {"t0": clock.now_ns()})
+        elif node.clock.count == clock.JOIN_SAMPLES:
+            with self._changed:
+                self._changed.notify_all()  # wait() counts the node from now on
 
     def _route(self, node: NodeInfo, message: Message) -> None:
         if message.kind == protocol.HEARTBEAT:
@@ -417,7 +399,7 @@ class Cluster:
             if now - node.last_seen > protocol.NODE_LOST_AFTER:
                 self._lose(node, f"no heartbeat for {protocol.NODE_LOST_AFTER:g} s (its network or machine is down)")
             else:
-                self.send(node, protocol.HEARTBEAT)
+                self.send(node, protocol.HEARTBEAT, {"t0": clock.now_ns()})  # a clock probe in each heartbeat
 
     def _lose(self, node: NodeInfo, reason: str) -> None:
         with self._changed:

@@ -6,7 +6,8 @@ order the nodes joined) and global ranks (node by node: rank 0 is node 0's local
 a fresh rendezvous store bound to the cluster's address, and sends every node the signed launch.
 The group then feeds the engine's one event loop exactly as a local group does, from one source:
 the launch's inbox, filled by the cluster's thread with verified messages. Lines become
-``loop.lines``, a rank's events ``loop.event``, its exit ``loop.exited``; a lost node becomes an
+``loop.lines``, a rank's events ``loop.event``, its exit ``loop.exited``; when the loop ends, each
+rank's node's clock offset goes to the sink (a ``clock`` event: a profile's lanes are aligned by it); a lost node becomes an
 error (``NodeLostError``) and an exit for each of its ranks still running. Signals go to the
 agents, which signal only the ranks they started.
 
@@ -161,6 +162,9 @@ class ClusterRankGroup:
     def detach(self, loop: EventLoop) -> None:
         loop.remove_reader(self.inbox.fd)
         self._loop = None
+        for rank in loop.ranks:  # at the end, when the most probes are in: a profile's lanes are shifted by it
+            slot = self.slot_of[rank]
+            loop.sink.event(rank, rich.clock_event(slot.node_rank, slot.node.clock.offset_ns, slot.node.clock.round_trip_ns))
 
     def poll(self) -> float | None:
         return None  # the cluster's thread notices lost nodes and says so in the inbox

@@ -2,12 +2,14 @@
 
 Kernel to agent: ``hello`` (first, to prove the kernel holds the secret), ``welcome`` (or
 ``refused``, with the reason: another nbaccel version),
-``heartbeat``, ``launch`` (a launch spec as JSON plus the cloudpickled job), ``stop``,
+``heartbeat`` (its body ``{"t0"}``: a clock probe), ``clock`` (a probe alone: the burst when a node
+joins), ``launch`` (a launch spec as JSON plus the cloudpickled job), ``stop``,
 ``release`` (every rank returned: leave the process group), ``command`` (a frame for one rank's
 command pipe: a persistent worker's task or stop), ``signal`` (send a signal to some ranks: a
 pool's interrupt), ``close`` (the cluster is closing).
 
-Agent to kernel: ``join`` (host, ranks, GPUs, pid and its nbaccel ``version``), ``heartbeat``, ``started`` (pids), ``lines`` (a rank's stdout/stderr),
+Agent to kernel: ``join`` (host, ranks, GPUs, pid and its nbaccel ``version``), ``heartbeat``,
+``clock`` (the answer to a probe: ``t0`` and the node's ``t1``, ``t2``; ``nbaccel.net.clock``), ``started`` (pids), ``lines`` (a rank's stdout/stderr),
 ``frame`` (a rank's channel frame: result, error, event), ``exited`` (a rank's exit status, its
 peak resident memory and, for a SIGKILL the agent did not send that was the OOM killer, the words),
 ``finished`` (every local rank of the launch has ended), ``failed`` (the ranks could not start).
@@ -27,6 +29,7 @@ from typing import Any
 HELLO, WELCOME, HEARTBEAT, LAUNCH, STOP, RELEASE, CLOSE = "hello", "welcome", "heartbeat", "launch", "stop", "release", "close"
 REFUSED = "refused"  # kernel to agent, instead of welcome: why it may not join ({"reason"})
 COMMAND, SIGNAL, STACKS = "command", "signal", "stacks"  # stacks: asked by the kernel, answered by the agent
+CLOCK = "clock"  # both ways: the kernel's probe, the agent's answer (nbaccel.net.clock)
 JOIN, STARTED, LINES, FRAME, EXITED, FINISHED, FAILED = "join", "started", "lines", "frame", "exited", "finished", "failed"
 
 HEARTBEAT_EVERY = 0.5  # seconds between heartbeats, both ways

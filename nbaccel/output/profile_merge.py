@@ -1,7 +1,9 @@
 """Every rank's torch.profiler trace merged into one Chrome/Perfetto trace: a lane per rank, one clock.
 
 A torch 2.13 trace gives ``ts`` in microseconds from ``baseTimeNanoseconds`` (Unix-epoch ns on
-the realtime clock, computed once per process, so it is added per file). The merge puts every
+the realtime clock of the rank's machine, computed once per process, so it is added per file). A
+rank on another node is first put on the kernel's clock (``on_kernel_clock``: its base less its
+node's measured offset, ``nbaccel.net.clock``). The merge puts every
 event at ``ts*1000 + base - common`` (``common``: the earliest rank's start), folds every pid of
 a rank's file (its process, kineto's string pids for GPU streams) into one process lane with
 ``pid = rank``, named ``rank N`` (``rank N · node M (host)`` across nodes) and sorted by rank,
@@ -9,7 +11,8 @@ and keeps each thread apart (its ``tid``, renumbered where two pids of one file 
 Flow ids are made unique per rank, so arrows never join two ranks' events.
 
 On one node every rank reads the same clock (``gloo:barrier`` ends agree within 18 us, measured);
-across nodes the traces are as aligned as the nodes' clocks (NTP), see docs/profiling.md.
+across nodes the lanes are as aligned as the offset's measurement: within half its probe's round
+trip, which each lane's label says (``clock +5000.012 ms ± 0.150 ms``), see docs/profiling.md.
 
 Example:
     >>> t0 = {"baseTimeNanoseconds": 1000, "traceEvents": [{"ph": "X", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 2.0, "dur": 1.0}]}
@@ -37,13 +40,31 @@ def event_ns(event: Mapping[str, Any], base_ns: int) -> int:
     return round(float(event["ts"]) * 1000) + base_ns
 
 
-def merge_traces(traces: Mapping[int, Mapping[str, Any]], common_ns: int, lane_names: Mapping[int, str] | None = None) -> dict[str, Any]:
-    """One trace of every rank's ``traces`` (rank -> parsed Chrome trace), on ``common_ns`` as zero."""
+def on_kernel_clock(trace: Mapping[str, Any], offset_ns: int | None) -> Mapping[str, Any]:
+    """``trace`` with its base moved onto the kernel's clock (``offset_ns``: its node's clock minus the kernel's).
+
+    Example:
+        >>> on_kernel_clock({"baseTimeNanoseconds": 5_000_000_100, "traceEvents": []}, 5_000_000_000)["baseTimeNanoseconds"]
+        100
+    """
+    if not offset_ns:
+        return trace
+    return {**trace, "baseTimeNanoseconds": int(trace.get("baseTimeNanoseconds", 0)) - offset_ns}
+
+
+def merge_traces(
+    traces: Mapping[int, Mapping[str, Any]], common_ns: int, lane_names: Mapping[int, str] | None = None, lane_labels: Mapping[int, str] | None = None
+) -> dict[str, Any]:
+    """One trace of every rank's ``traces`` (rank -> parsed Chrome trace, on one clock), on ``common_ns`` as zero.
+
+    ``lane_labels``: a label shown beside a rank's lane name (how its clock was aligned)."""
     events: list[dict[str, Any]] = []
     for rank in sorted(traces):
         name = (lane_names or {}).get(rank, f"rank {rank}")
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": name}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        if lane_labels and rank in lane_labels:
+            events.append({"ph": "M", "name": "process_labels", "pid": rank, "tid": 0, "args": {"labels": lane_labels[rank]}})
         events.extend(_rank_events(rank, traces[rank], common_ns))
     return {"displayTimeUnit": "ms", "baseTimeNanoseconds": common_ns, "traceEvents": events, "traceName": "nbaccel merged trace"}
 

@@ -1,8 +1,10 @@
 """The sink of a profiled launch: each rank's trace to a file, the merged trace, and the summary in the cell.
 
-Each rank sends its trace as a ``profile`` event (``nbaccel.rank.profiling``). When the launch
-ends, however it ended, ``ProfileSink`` writes ``DIR/rank{N}.json`` as received, the merged
-``DIR/trace.json`` (``profile_merge``), and shows the summary (``profile_summary``): a table by
+Each rank sends its trace as a ``profile`` event (``nbaccel.rank.profiling``); across nodes the
+kernel adds, as the launch ends, each rank's node's clock offset (a ``clock`` event). When the launch
+ends, however it ended, ``ProfileSink`` writes ``DIR/rank{N}.json`` as received (on its machine's
+clock), puts every trace on the kernel's clock, writes the merged ``DIR/trace.json``
+(``profile_merge``), and shows the summary (``profile_summary``): a table by
 rank, the straggler in words, a timeline picture where the frontend renders images, and the
 merged trace's path. ``DIR`` is the one asked for, else the launch's log folder (the widget
 view's, or a new one under ``nbaccel.output.logdir.default_root()``). It sits beside the launch's
@@ -31,10 +33,11 @@ from typing import Any
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import profile_folder
 from nbaccel.launch.outcome import RankOutcome
+from nbaccel.net.clock import offset_words
 from nbaccel.output import frontend
 from nbaccel.output.logdir import LaunchLogs
 from nbaccel.output.profile_chart import timeline_svg
-from nbaccel.output.profile_merge import merge_traces
+from nbaccel.output.profile_merge import merge_traces, on_kernel_clock
 from nbaccel.output.profile_summary import RankTrace, analyse, straggler_words, table_rows
 from nbaccel.output.sinks import Sink, TeeSink
 from nbaccel.rank.profiling import Profiled
@@ -63,11 +66,12 @@ class ProfileSink:
         self._show = show or _display
         self._traces: dict[int, dict[str, Any]] = {}
         self._nodes: dict[int, str] = {}
+        self._clocks: dict[int, dict[str, Any]] = {}  # rank -> its node's clock event
         self._ranks: list[int] = []
         self.written: Path | None = None  # the merged trace of the latest launch
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
-        self._traces = {}
+        self._traces, self._clocks = {}, {}
         self._ranks = list(range(num_processes) if ranks is None else ranks)
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
@@ -78,6 +82,8 @@ class ProfileSink:
             self._traces[rank] = event
         elif event.get("type") == rich.NODE:
             self._nodes[rank] = f"node {event.get('node')} ({event.get('host')})"
+        elif event.get("type") == rich.CLOCK:
+            self._clocks[rank] = event
 
     def rank_finished(self, outcome: RankOutcome) -> None:
         pass
@@ -97,7 +103,7 @@ class ProfileSink:
         folder.mkdir(parents=True, exist_ok=True)
         ranks = [self._write_rank(folder, rank, event) for rank, event in sorted(self._traces.items())]
         common = min(r.started_ns for r in ranks)
-        merged = merge_traces({r.rank: r.trace for r in ranks}, common, self._lane_names())
+        merged = merge_traces({r.rank: r.trace for r in ranks}, common, self._lane_names(), self._lane_labels())
         self.written = folder / "trace.json"
         self.written.write_text(json.dumps(merged), encoding="utf-8")
         self._show(self._summary(ranks, common))
@@ -123,9 +129,23 @@ class ProfileSink:
         return Path(folder)
 
     def _write_rank(self, folder: Path, rank: int, event: dict[str, Any]) -> RankTrace:
+        """The rank's file as it came; its trace and span on the kernel's clock."""
         text = str(event.get("trace", "{}"))
         (folder / f"rank{rank}.json").write_text(text, encoding="utf-8")
-        return RankTrace(rank, json.loads(text), int(event["started_ns"]), int(event["ended_ns"]))
+        offset = int(self._clocks.get(rank, {}).get("offset_ns") or 0)
+        return RankTrace(rank, on_kernel_clock(json.loads(text), offset), int(event["started_ns"]) - offset, int(event["ended_ns"]) - offset)
+
+    def _lane_labels(self) -> dict[int, str]:
+        """How each remote rank's lane was put on the kernel's clock, for the lane's label."""
+        return {rank: f"clock {_clock_words(clock)}" for rank, clock in self._clocks.items() if rank in self._traces}
+
+    def _clock_line(self) -> str | None:
+        """Each node's offset once: how well the lanes line up (within half the round trip)."""
+        nodes = {int(c.get("node", 0)): c for rank, c in sorted(self._clocks.items()) if rank in self._traces}
+        if not nodes:
+            return None
+        words = ", ".join(f"node {node} {_clock_words(c)}" for node, c in sorted(nodes.items()))
+        return f"lanes on the kernel's clock; each node's clock minus the kernel's: {words}"
 
     def _lane_names(self) -> dict[int, str]:
         hosts = {str(e.get("host")) for e in self._traces.values()}
@@ -141,11 +161,21 @@ class ProfileSink:
         missing = [r for r in self._ranks if r not in self._traces]
         if missing:
             lines.append(f"no trace from rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} (killed before it could write one)")
+        clocks = self._clock_line()
+        if clocks:
+            lines.append(clocks)
         words = straggler_words(profiles)
         if words:
             lines.append(words)
         rows = table_rows(profiles)
         return _bundle_of(lines, rows, timeline_svg(profiles, common_ns))
+
+
+def _clock_words(event: dict[str, Any]) -> str:
+    offset, round_trip = event.get("offset_ns"), event.get("round_trip_ns")
+    if offset is None or round_trip is None:
+        return "not measured (its lanes are on its own clock)"
+    return offset_words(int(offset), int(round_trip))
 
 
 def _bundle_of(lines: list[str], rows: list[list[str]] | None = None, svg: str | None = None) -> dict[str, Any]:

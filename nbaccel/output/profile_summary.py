@@ -22,7 +22,7 @@ from typing import Any
 
 from nbaccel.output.profile_merge import event_ns
 
-Span = tuple[int, int]  # (start ns, end ns), Unix epoch
+Span = tuple[int, int]  # (start ns, end ns), Unix epoch on the kernel's clock (``profile_merge.on_kernel_clock``)
 _COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
 _NOT_COMPUTE_PREFIXES = ("c10d::", "record_param_comms", "ProfilerStep", "gloo:", "nccl:", "nbaccel")
 _COMPUTE_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")

@@ -9,6 +9,12 @@ and merges them, on one node and across nodes alike (an agent forwards the event
 A rank stopped by SIGTERM after a peer's failure exports first, then dies of that signal as it
 would have. Only a rank killed by SIGKILL (or stuck in C code until then) leaves no trace.
 
+The span's ends are read on the clock torch stamps its events with (``nbaccel.net.clock.now_ns``,
+the realtime clock); the kernel shifts a remote rank's times by its node's measured offset. Under
+the test seam ``NBACCEL_TEST_CLOCK_SKEW_NS`` the trace's ``baseTimeNanoseconds`` is moved by the
+skew here, where nbaccel reads the trace: torch's profiler reads CLOCK_REALTIME in C++ and cannot
+be shifted from outside, and this way the rank's every time is skewed as a skewed machine's would be.
+
 Nothing here runs, and torch.profiler is never imported, without ``--profile``.
 
 Example:
@@ -19,15 +25,16 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nbaccel.net import clock
 from nbaccel.rank import heavy_imports
 from nbaccel.wire import rich
 
@@ -72,14 +79,14 @@ class _Session:
         self._profiler = profile(activities=activities)
         self._previous_term = _set_sigterm(self._on_sigterm)
         self._profiler.start()
-        self._started_ns = time.time_ns()  # after the profiler's own start-up (up to a second, once)
+        self._started_ns = clock.now_ns()  # after the profiler's own start-up (up to a second, once)
         heavy_imports.imported_by_nbaccel(heavy_imports.present() - before)  # the profiler imports torch._dynamo
 
     def finish(self) -> None:
         if self._finished:
             return
         self._finished = True
-        ended_ns = time.time_ns()
+        ended_ns = clock.now_ns()
         try:
             self._profiler.stop()
             trace = _export(self._profiler)
@@ -112,9 +119,24 @@ def _export(profiler: Any) -> str:
     try:
         profiler.export_chrome_trace(path)
         with open(path, encoding="utf-8") as file:
-            return file.read()
+            return _skewed(file.read(), clock.skew_ns())
     finally:
         os.unlink(path)
+
+
+_BASE_TIME = re.compile(r'"baseTimeNanoseconds":\s*(\d+)')
+
+
+def _skewed(trace: str, skew_ns: int) -> str:
+    """The trace with its base time moved by the test seam's skew (unchanged, and not parsed, without one).
+
+    Example:
+        >>> _skewed('{"baseTimeNanoseconds": 1000, "traceEvents": []}', 5)
+        '{"baseTimeNanoseconds": 1005, "traceEvents": []}'
+    """
+    if not skew_ns:
+        return trace
+    return _BASE_TIME.sub(lambda m: f'"baseTimeNanoseconds": {int(m.group(1)) + skew_ns}', trace, count=1)
 
 
 def _rank() -> int:

@@ -10,6 +10,9 @@ Types:
         ``display_id`` (or None) and ``update`` (True: replace the output with that id).
     ``clear_output``: IPython ``clear_output(wait)``.
     ``node``: which node the rank runs on, when there are several: ``node`` (its node rank), ``host``.
+    ``clock``: how the rank's node's clock stood to the kernel's at the launch's end (several nodes):
+        ``node``, ``offset_ns`` (the node's clock minus the kernel's; None when not measured) and
+        ``round_trip_ns`` of the probe it was measured with (``nbaccel.net.clock``).
     ``stack``: where the rank is: ``summary`` (one line), ``why`` it was asked, ``text`` (all stacks).
     ``progress``: one progress bar's state: ``bar`` (id, unique in the rank), ``n``, ``total``,
         ``left``/``right`` (the text around the bar), ``text`` (the whole meter as one line),
@@ -37,6 +40,7 @@ CLEAR_OUTPUT = "clear_output"
 PROGRESS = "progress"
 STACK = "stack"
 NODE = "node"
+CLOCK = "clock"
 PROFILE = "profile"
 RESOURCES = "resources"
 
@@ -110,6 +114,11 @@ def node_event(node: int, host: str) -> dict[str, Any]:
     return {"type": NODE, "node": node, "host": host}
 
 
+def clock_event(node: int, offset_ns: int | None, round_trip_ns: int | None) -> dict[str, Any]:
+    """The rank's node's clock minus the kernel's (and the probe's round trip): sent by the kernel."""
+    return {"type": CLOCK, "node": node, "offset_ns": offset_ns, "round_trip_ns": round_trip_ns}
+
+
 def stack_event(summary: str, text: str, why: str) -> dict[str, Any]:
     """Where a rank is (``summary``, one line) and every thread's stack (``text``), and ``why`` it was asked."""
     return {"type": STACK, "summary": summary, "why": why, "text": f"{why}; {summary}\n{text.rstrip()}"}
@@ -126,7 +135,7 @@ def plain_text(event: dict[str, Any]) -> str | None:
         return "[" + ", ".join(sorted(data)) + "]" if data else None
     if kind == PROGRESS:
         return str(event.get("text", ""))
-    if kind in (STARTED, CLEAR_OUTPUT, NODE, PROFILE, RESOURCES):
+    if kind in (STARTED, CLEAR_OUTPUT, NODE, CLOCK, PROFILE, RESOURCES):
         return None
     text = event.get("text")  # an event type from a newer nbaccel: show its text if it has one
     return str(text) if text else None

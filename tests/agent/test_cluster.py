@@ -19,7 +19,9 @@ import pytest
 
 from nbaccel import Cluster
 from nbaccel.agent.node import EXIT_REFUSED, EXIT_UNREACHABLE
+from nbaccel.net.clock import JOIN_SAMPLES
 from nbaccel.net.signing import new_secret, write_token_file
+from nbaccel.testing import scaled
 from tests.agent.harness import agent_argv, start_agents, stop_agents
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,6 +66,11 @@ def test_nodes_list_host_address_ranks_gpus_and_liveness() -> None:
             nodes = cluster.wait(nodes=2, timeout=60)
             assert [(n.host, n.address, n.nproc, n.gpus, n.alive) for n in nodes] == [(socket.gethostname(), "127.0.0.1", 3, 0, True)] * 2
             assert "3 rank(s)" in repr(cluster)
+            for node in nodes:  # wait() returned once each clock was measured: on loopback one clock, ~0 off
+                assert node.clock.count >= JOIN_SAMPLES and node.clock.offset_ns is not None and node.clock.round_trip_ns is not None
+                assert abs(node.clock.offset_ns) <= node.clock.round_trip_ns / 2 + 1, node.clock
+            assert repr(cluster).count(" ms ± ") == 2 and cluster._repr_html_().count(" ms ± ") == 2  # each node's offset and uncertainty
+            assert _eventually(lambda: all(n.clock.count >= JOIN_SAMPLES + 2 for n in nodes), scaled(3.0))  # a probe in each heartbeat
             agents[1].kill()
             agents[1].wait(5)
             alive = {agents[0].pid: True, agents[1].pid: False}  # nodes are listed in the order they joined

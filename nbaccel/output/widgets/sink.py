@@ -167,6 +167,8 @@ class LiveViewSink:
             self._nodes[rank] = f"node {event.get('node')} ({event.get('host')})"
             self.view.set_node(rank, f"node {event.get('node')}")
             return
+        if kind == rich.CLOCK:  # a node's clock offset, for a profile's merge: nothing to show here
+            return
         if kind == rich.RESOURCES:  # sampled by the kernel: the chip says it, the rank's state is unchanged
             self.view.peaks[rank] = max(self.view.peaks.get(rank, 0), int(event.get("peak_rss") or 0))
             if event.get("peak_gpu_mem") is not None:
