@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +106,24 @@ def _skip_gpu_tests_without_a_gpu(items: list[pytest.Item]) -> None:
 
 
 os.environ.setdefault("NBACCEL_OUTPUT", "text")
+
+
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    """A fresh cgroup v1 memory controller limited to 300 MiB (root only; skipped otherwise), for
+    ranks that move themselves in to be taken by the real OOM killer."""
+    if not os.access(_CGROUP_V1, os.W_OK):
+        pytest.skip("needs a writable cgroup v1 memory controller (root) to set a limit for the test")
+    folder = _CGROUP_V1 / f"nbaccel-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / "memory.limit_in_bytes").write_text(str(300 * 2**20))
+    yield folder
+    for _ in range(50):  # the killed rank leaves the cgroup once reaped
+        try:
+            folder.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)

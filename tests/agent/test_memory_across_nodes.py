@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,28 +23,8 @@ from nbaccel.testing import CollectingSink
 
 pytestmark = pytest.mark.timeout(120)
 
-_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
-
-
-@pytest.fixture
-def memory_cgroup() -> Iterator[Path]:
-    if not os.access(_CGROUP_V1, os.W_OK):
-        pytest.skip("needs a writable cgroup v1 memory controller (root) to set a limit for the test")
-    folder = _CGROUP_V1 / f"nbaccel-test-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    (folder / "memory.limit_in_bytes").write_text(str(300 * 2**20))
-    yield folder
-    for _ in range(50):  # the killed rank leaves the cgroup once reaped
-        try:
-            folder.rmdir()
-            break
-        except OSError:
-            time.sleep(0.1)
-
 
 def grow_on_rank_3_until_killed(cgroup: str) -> None:
-    import os
-    import time
 
     if os.environ["RANK"] != "3":
         time.sleep(30)  # stopped by nbaccel after rank 3's failure
@@ -74,9 +52,7 @@ def test_a_rank_the_oom_killer_takes_on_another_node_is_named_with_its_peak_and_
 
 
 def kill_rank_3_by_sigkill() -> None:
-    import os
     import signal
-    import time
 
     if os.environ["RANK"] == "3":
         time.sleep(1.5)  # sampled once, holding little
