@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
+import _signal
 import enum
 import os
 import pickle
@@ -37,7 +37,6 @@ import signal
 import struct
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,24 +128,29 @@ def send(fd: int, kind: Kind, value: Any) -> None:
 
 def send_bytes(fd: int, kind: Kind, payload: bytes | bytearray, defer_sigint: bool = True) -> None:
     """Write one frame. ``defer_sigint=False`` lets an interrupt stop a write that blocks (the
-    kernel's side, which then treats the stream as broken)."""
-    with _SEND_LOCK, _sigint_deferred() if defer_sigint else contextlib.nullcontext():
-        _write_all(fd, encode_header(kind, len(payload)))
-        _write_all(fd, payload)
+    kernel's side, which then treats the stream as broken).
+
+    SIGINT is held back while a frame is written on the main thread: a KeyboardInterrupt half-way
+    would corrupt the stream for every frame after it (persistent workers outlive interrupts).
+    ``_signal``'s own mask call, not ``signal``'s, which wraps every signal in an enum each time.
+    """
+    header = encode_header(kind, len(payload))
+    with _SEND_LOCK:
+        masked = defer_sigint and threading.get_ident() == threading.main_thread().ident
+        previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGINT_ONLY) if masked else None
+        try:
+            if len(payload) <= _ONE_WRITE_BELOW:  # most frames: one write, one wake-up of the reader
+                _write_all(fd, header + payload)
+            else:
+                _write_all(fd, header)
+                _write_all(fd, payload)
+        finally:
+            if previous is not None:
+                _signal.pthread_sigmask(_signal.SIG_SETMASK, previous)
 
 
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold SIGINT back while a frame is written: a KeyboardInterrupt half-way would corrupt the
-    stream for every frame after it (persistent workers outlive interrupts)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+_SIGINT_ONLY = {signal.SIGINT.value}
+_ONE_WRITE_BELOW = 64 * 1024  # bytes: joining costs a copy of the payload, cheap below this
 
 
 def encode_header(kind: Kind, length: int) -> bytes:
