@@ -69,3 +69,29 @@ def test_end_of_file_is_reported() -> None:
     assert [bytes(e.payload) for e in decoder.read_from(r)[0]] == [b"last"]
     assert decoder.read_from(r) == ([], False)
     os.close(r)
+
+
+def test_an_interrupt_while_a_frame_is_written_waits_until_the_frame_is_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT held back on the main thread: the frame is whole, then KeyboardInterrupt comes."""
+    import signal
+
+    read_end, write_end = os.pipe()
+    real_write = os.write
+
+    def write_then_interrupt(fd: int, data: bytes) -> int:
+        written = real_write(fd, data)
+        os.kill(os.getpid(), signal.SIGINT)  # between the header and the payload
+        return written
+
+    monkeypatch.setattr(events, "_ONE_WRITE_BELOW", 0)  # two writes, as for a big payload
+    monkeypatch.setattr(events.os, "write", write_then_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            events.send_bytes(write_end, events.Kind.RESULT, b"x" * 1000)
+        monkeypatch.undo()
+        decoder = events.FrameDecoder()
+        frames = list(decoder.feed(os.read(read_end, 4096)))
+        assert [(f.kind, bytes(f.payload)) for f in frames] == [(events.Kind.RESULT, b"x" * 1000)]
+    finally:
+        os.close(read_end)
+        os.close(write_end)
