@@ -85,8 +85,8 @@ def _become_multiprocessing_child() -> None:
     parent process. The kernel's authkey is kept (as a fork child keeps it), so Manager proxies
     and connections made in the notebook still authenticate.
     """
-    process: Any = importlib.import_module("multiprocessing.process")  # private names: typed Any
-    util: Any = importlib.import_module("multiprocessing.util")
+    process: Any = _module("multiprocessing.process")  # private names: typed Any
+    util: Any = _module("multiprocessing.util")
     kernel_side = process._current_process
     if type(kernel_side).__name__ == "_MainProcess":  # the class itself is deleted from the module
         process._current_process = _prepared.get("main") or _main_process_like(kernel_side)
@@ -96,6 +96,12 @@ def _become_multiprocessing_child() -> None:
     util._finalizer_registry.clear()  # the kernel's finalizers are the kernel's
     util._run_after_forkers()
     del kernel_side
+
+
+def _module(name: str) -> Any:
+    """``name``, from ``sys.modules`` where the kernel imported it: the import machinery's own
+    path, even for a module already imported, is code and objects a fresh rank would copy."""
+    return sys.modules.get(name) or importlib.import_module(name)
 
 
 def _main_process_like(kernel_side: Any) -> Any:
