@@ -53,7 +53,7 @@ RANK_STEPS = [
     ("nbaccel.rank.bootstrap", "redirect_stdio", "stdio"),
     ("nbaccel.rank.bootstrap.faulthandler", "enable", "faulthandler"),
     ("nbaccel.rank.stack_dump", "install", "stack dump hook"),
-    ("nbaccel.rank.collective_count", "start_answering", "stack dump hook: count thread"),
+    ("nbaccel.rank.collective_count", "start_answering", "stack dump hook: count hook"),
     ("nbaccel.rank.bootstrap", "_forget_kernel_state", "forget kernel state"),
     ("nbaccel.rank.exit_hooks", "start", "exit hooks"),
     ("nbaccel.rank.bootstrap", "_pin_device", "pin device"),

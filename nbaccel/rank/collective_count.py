@@ -18,6 +18,9 @@ import _thread
 import os
 import sys
 import threading
+from typing import Any
+
+from nbaccel.rank.import_hooks import when_imported
 
 _ANSWER_SUFFIX = ".count"
 _PIPE_SUFFIX = ".count.pipe"
@@ -49,7 +52,34 @@ def answer_path(stack_file: str) -> str:
 
 
 def start_answering(stack_file: str) -> None:
-    """Make the pipe and start the daemon thread that answers on it, for the rank's lifetime."""
+    """Answer for the rank's count once it has a default process group, for the rank's lifetime.
+
+    The pipe and the thread are made when the first default group is set (torch's
+    ``distributed_c10d._update_default_pg``, which ``init_process_group`` calls however it was
+    imported): a rank that never makes a group has nothing to count, and would pay a thread and
+    a FIFO at its start for nothing. A torch without that function gets them at once.
+    """
+    when_imported("torch.distributed.distributed_c10d", lambda c10d: _on_first_group(c10d, stack_file))
+
+
+def _on_first_group(c10d: Any, stack_file: str) -> None:
+    update = getattr(c10d, "_update_default_pg", None)
+    if not callable(update):
+        _start(stack_file)
+        return
+
+    def update_default_group(pg: Any, *args: Any, **kwargs: Any) -> Any:
+        result = update(pg, *args, **kwargs)
+        if pg is not None and c10d._update_default_pg is update_default_group:
+            c10d._update_default_pg = update  # once: the thread answers for every later group too
+            _start(stack_file)
+        return result
+
+    c10d._update_default_pg = update_default_group
+
+
+def _start(stack_file: str) -> None:
+    """Make the pipe and start the daemon thread that answers on it."""
     pipe = pipe_path(stack_file)
     try:
         try:
