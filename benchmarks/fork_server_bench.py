@@ -5,7 +5,10 @@
    and spawned; interleaved, medians, ratios. Also the server's own memory (USS) and idle CPU.
 2. 1 GiB: ``pool.push`` of a tensor to 2 workers and a 1 GiB result from one rank, against one
    ``torch.clone`` of 1 GiB in the kernel (the memcpy floor); the kernel's peak RSS during each
-   (VmHWM, reset before each run through /proc/self/clear_refs) over the payload.
+   (VmHWM, reset before each run through /proc/self/clear_refs) over the payload. The result's
+   row includes the rank making the tensor (on this VM that alone is about a clone: every page
+   faulted in); the same launch making it and returning nothing is timed too, and the difference
+   is what the transfer itself costs.
 
     python benchmarks/fork_server_bench.py [--runs 9] [--gib 1.0]
 """
@@ -78,9 +81,12 @@ def clone_floor():
     copy = payload.clone(); del copy
 def result_rank():
     return torch.ones(NBYTES // 4) if os.environ["RANK"] == "0" else None
+def made_not_returned():  # the same launch and tensor, nothing sent back: what the transfer adds is the difference
+    made = torch.ones(NBYTES // 4) if os.environ["RANK"] == "0" else None
+    return None if made is None else made.numel()
 
 pool = nbaccel.start_workers(2)
-zc = {"clone": [], "push": [], "result": [], "push_peak": [], "result_peak": [], "clone_peak": []}
+zc = {"clone": [], "push": [], "result": [], "made_only": [], "push_peak": [], "result_peak": [], "clone_peak": []}
 for _ in range(max(3, RUNS // 3)):
     gc.collect(); reset_peak(); base = psutil.Process().memory_info().rss
     zc["clone"].append(timed(clone_floor)); zc["clone_peak"].append((peak_rss() - base) / NBYTES)
@@ -93,6 +99,7 @@ for _ in range(max(3, RUNS // 3)):
     zc["result_peak"].append((peak_rss() - base) / NBYTES)
     assert holder[0][0].numel() == NBYTES // 4
     del holder
+    zc["made_only"].append(timed(lambda: nbaccel.notebook_launcher(made_not_returned, num_processes=2, output=quiet())))
 pool.stop()
 out["zero_copy"] = zc
 print("BENCH" + json.dumps(out))
@@ -138,6 +145,10 @@ def report(r: dict, load: list[str], gib: float) -> None:
     print(f"  torch.clone (floor)            : {clone:8.1f} ms  1.00x  peak {median(zc['clone_peak']):.2f}x")
     print(f"  pool.push to 2 workers         : {median(zc['push']):8.1f} ms  {median(zc['push']) / clone:4.2f}x  peak {median(zc['push_peak']):.2f}x")
     print(f"  result from a rank (2 ranks)   : {median(zc['result']):8.1f} ms  {median(zc['result']) / clone:4.2f}x  peak {median(zc['result_peak']):.2f}x")
+    made = median(zc["made_only"])
+    moved = median(zc["result"]) - made
+    print(f"    of which the launch and making the tensor in the rank (nothing returned): {made:8.1f} ms")
+    print(f"    so the transfer itself       : {moved:8.1f} ms  {moved / clone:4.2f}x")
 
 
 if __name__ == "__main__":
