@@ -31,10 +31,11 @@ def grow_on_rank_3_until_killed(cgroup: str) -> None:
         return
     with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
         procs.write(str(os.getpid()))
+    # A real rank is in its cgroup from its start; this one moved itself, so it waits for the
+    # agent's sampler (once a second, later under load) to see it there before growing.
+    time.sleep(2.5)
     chunks = []
-    # 20 MiB every 100 ms, each page touched: the limit comes after about 1.6 s, so the agent's
-    # sampler (once a second) sees the rank in its cgroup first (as tests/launch/test_memory.py).
-    while True:
+    while True:  # 20 MiB every 100 ms, each page touched: the limit comes after about 1.5 s
         chunks.append(bytearray(b"x" * (20 * 2**20)))
         time.sleep(0.1)
 

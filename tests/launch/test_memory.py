@@ -36,11 +36,12 @@ def grow_until_killed(cgroup: str) -> None:
     if os.environ["RANK"] == "1":
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
+        # A real rank is in its cgroup from its start; this one moved itself, so it waits for the
+        # kernel's sampler (once a second, later under load) to see it there before growing:
+        # growing at once raced that sample (a CI run lost the race on an agent).
+        time.sleep(2.5)
         chunks = []
-        # 20 MiB every 100 ms, each page touched: the limit is reached after about 1.6 s, so the
-        # sampler's first sample (1 s after the start) sees the rank in its cgroup. At 50 ms the
-        # kill came at about 1 s, racing that sample (the launch got faster, and lost the race).
-        while True:
+        while True:  # 20 MiB every 100 ms, each page touched: the limit comes after about 1.5 s
             chunks.append(bytearray(b"x" * (20 * 2**20)))
             time.sleep(0.1)
 
