@@ -116,7 +116,7 @@ def notebook_launcher(
         profile=profile,
     )
     if cluster is not None:
-        return _on_cluster(function, args, options, output, check_cluster(cluster), started)
+        return _on_cluster(function, args, options, output, _check_cluster(cluster), started)
     plan = make_plan(options, started)
     try:
         return _run(LocalGroupStarter(choose_starter(options.start_method, plan.num_processes)), function, args, options, plan, output)
@@ -195,11 +195,11 @@ def start_workers(
     if cluster is not None:  # every rank of every node of the cluster
         from nbaccel.cluster.workers import start_cluster_workers
 
-        return start_cluster_workers(check_cluster(cluster), options, start_timeout)
+        return start_cluster_workers(_check_cluster(cluster), options, start_timeout)
     return start_local_workers(options, namespace, start_timeout)
 
 
-def check_cluster(cluster: Any) -> Cluster:
+def _check_cluster(cluster: Any) -> Cluster:
     """``cluster`` if it is an ``nbaccel.Cluster``; else a TypeError saying how to make one."""
     from nbaccel.cluster.cluster import Cluster
 
