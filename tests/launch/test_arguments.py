@@ -83,3 +83,9 @@ def test_unknown_output_mode_from_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("NBACCEL_OUTPUT", "fancy")
     with pytest.raises(ValueError, match="unknown NBACCEL_OUTPUT 'fancy'"):
         nbaccel.notebook_launcher(noop, num_processes=1)
+
+
+def test_cluster_must_be_a_cluster_and_says_how_to_make_one() -> None:
+    for call in (lambda: nbaccel.notebook_launcher(lambda: 1, cluster="10.0.0.1:29400"), lambda: nbaccel.start_workers(cluster="10.0.0.1:29400")):
+        with pytest.raises(TypeError, match=r"cluster must be an nbaccel\.Cluster, got '10\.0\.0\.1:29400'; make one with nbaccel\.Cluster\('HOST:PORT'\)"):
+            call()
