@@ -277,7 +277,7 @@ class NodeRanks:
             return
         self.signals_sent[local].append(sig)
         try:
-            os.killpg(proc.pid, sig)  # the rank leads its own group (its DataLoader workers too)
+            os.killpg(proc.pid, sig)  # the rank leads its own pgid (its DataLoader workers too)
         except (ProcessLookupError, PermissionError):
             try:
                 os.kill(proc.pid, sig)

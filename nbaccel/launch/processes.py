@@ -59,7 +59,7 @@ class RankProcess:
     def send(self, sig: int) -> None:
         """Signal the rank's process group, only while the rank is not yet reaped.
 
-        Until it is reaped, its pid (and so its group id) cannot belong to anyone else.
+        Until it is reaped, its pid (and so its pgid) cannot belong to anyone else.
         """
         if self.returncode is not None:
             return

@@ -97,7 +97,7 @@ class SpawnStarter:
                 [sys.executable, "-m", "nbaccel.rank.spawn_entry"],
                 _child_environment(env),
                 file_actions=[(os.POSIX_SPAWN_DUP2, payload_r, 0), *actions],
-                setsid=True,  # its own session and process group, like a forked rank's
+                setsid=True,  # its own session and pgid, like a forked rank's
             )
         finally:
             os.close(payload_r)

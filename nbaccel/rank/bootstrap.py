@@ -97,7 +97,7 @@ def _finish(exit_code: int) -> NoReturn:
 
 
 def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
-    """Own process group, die with the kernel, default signal handlers, no kernel fds."""
+    """Own pgid (POSIX process group), die with the kernel, default signal handlers, no kernel fds."""
     try:
         os.setpgid(0, 0)
     except OSError:  # already a group or session leader (spawned with start_new_session)

@@ -72,7 +72,7 @@ def serve(sock: socket.socket, parent_pid: int, modules: tuple[str, ...] = ()) -
 
 def _become_server(parent_pid: int) -> None:
     try:
-        os.setpgid(0, 0)  # Jupyter's interrupt of the kernel's group must not reach it
+        os.setpgid(0, 0)  # its own pgid: Jupyter's interrupt of the kernel's pgid must not reach it
     except OSError:
         pass
     _die_with(parent_pid)

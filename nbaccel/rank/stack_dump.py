@@ -1,6 +1,6 @@
 """Rank side of "where is each rank?": dump every thread's Python stack when the kernel asks.
 
-The kernel sends ``STACK_SIGNAL`` to the rank's own process (never to its group, so DataLoader
+The kernel sends ``STACK_SIGNAL`` to the rank's own process (never to its pgid, so DataLoader
 workers are left alone). ``faulthandler`` answers from its C-level signal handler: it writes the
 stacks even while the rank is blocked inside a C++ collective, where a Python signal handler
 would never run, and it costs nothing until the signal comes. The dump is appended to a file
