@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import gc
+import multiprocessing.connection
 import os
 import selectors
 import signal
@@ -302,7 +303,9 @@ class NodeAgent:
         assert self.ranks is not None
         self.ranks.stop("closing")
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and not all(p.exitcode is not None for p in self.ranks.processes):
-            time.sleep(0.02)
+        running = [p for p in self.ranks.processes if p.exitcode is None]
+        while running and time.monotonic() < deadline:  # woken by each exit, not by a clock
+            multiprocessing.connection.wait([p.sentinel for p in running], deadline - time.monotonic())
+            running = [p for p in running if p.exitcode is None]
         self.ranks.kill_and_close()
         self.ranks = None

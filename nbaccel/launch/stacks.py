@@ -205,7 +205,8 @@ class StackFiles:
                     answer = _read(path)
                     if answer.strip().isdigit():
                         found[rank] = f"{int(answer)} collective{'' if int(answer) == 1 else 's'} issued"
-            time.sleep(0.01)
+            if pending:  # the answers are files another process renames into place: look again soon
+                time.sleep(0.01)
         return found
 
     def _last_collectives(self, ranks: list[int], deadline: float) -> dict[int, str]:
