@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
 # The data that crosses the fork (a Job and the child's pipe ends) lives in wire/job.py, which both
 # sides import; the kernel side must not reach into the rank's bootstrap for it.
 FORK_DATA = ("nbaccel.rank.bootstrap", frozenset({"Job", "ChildEnds"}))
-RANK_SIDE = ("nbaccel.rank.", "nbaccel.pool.serve")  # modules that run in the rank
+RANK_SIDE = ("nbaccel.rank.",)  # modules that run in the rank: all under rank/
 FORK_DATA_REASON = "Job/ChildEnds live in nbaccel/wire/job.py: import them from there"
 KNOWN_FORK_DATA_IMPORTERS: frozenset[str] = frozenset()
 

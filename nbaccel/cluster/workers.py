@@ -1,6 +1,6 @@
 """Persistent workers across the nodes of a ``Cluster``: the engine's ``WorkerPool`` behind the cluster seam.
 
-Every rank of every node runs the same loop as a one-node pool (``nbaccel.pool.serve``): it joins
+Every rank of every node runs the same loop as a one-node pool (``nbaccel.rank.serve``): it joins
 the process group once, says READY, then runs the tasks the kernel sends through its agent
 (signed) in a namespace that lives as long as the worker. ``WorkerPool`` does the rest (push,
 pull, run, status, stop, interrupts), as on one node; failures here also name the rank's node.

@@ -33,11 +33,11 @@ from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
 from nbaccel.pool.in_step import CollectiveCount, out_of_step
 from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
-from nbaccel.pool.serve import serve
 from nbaccel.pool.task_policy import Task, raise_stuck_error
 from nbaccel.pool.worker_calls import Assign, CallFunction, Fetch, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.debugger import DebugLastFailure
+from nbaccel.rank.serve import serve
 from nbaccel.wire import rich, shm
 from nbaccel.wire.events import Kind
 from nbaccel.wire.job import Job

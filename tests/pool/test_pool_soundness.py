@@ -4,7 +4,7 @@ Real workers on gloo: a peer failing while a rank is blocked in native code that
 interrupt (issue 14, item 4), ranks left at different collective counts (item 5), and a rank
 whose CUDA context died (item 6, with an exception that reads like CUDA's: no GPU here).
 
-Imports nbaccel.pool.task_policy and pool.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
+Imports nbaccel.pool.task_policy and rank.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
 """
 
 from __future__ import annotations
@@ -171,10 +171,10 @@ def test_one_worker_has_a_process_group_of_one_so_ddp_works() -> None:
 def hang_in_teardown_on_rank_one() -> None:
     import torch.distributed as dist
 
-    import nbaccel.pool.serve
+    import nbaccel.rank.serve
 
     if dist.get_rank() == 1:  # serve() leaves the group through this on STOP
-        nbaccel.pool.serve._destroy_default_group = lambda: time.sleep(600)
+        nbaccel.rank.serve._destroy_default_group = lambda: time.sleep(600)
 
 
 def test_a_worker_stuck_leaving_its_group_on_stop_is_killed_and_named(capsys, monkeypatch) -> None:
