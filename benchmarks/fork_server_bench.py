@@ -29,7 +29,7 @@ KERNEL_CODE = r"""
 import gc, json, os, statistics, time
 import psutil, torch, torch.distributed as dist
 import nbaccel
-from nbaccel.launch import fork_server
+from nbaccel.launch.starters import fork_server
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.testing import mark_fork_safe, mark_not_fork_safe
 

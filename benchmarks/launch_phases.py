@@ -35,8 +35,8 @@ KERNEL_STEPS = [
     ("nbaccel.launch.group", "_environment", "rank env"),
     ("nbaccel.launch.group", "open_rank_pipes", "pipes"),
     ("nbaccel.launch.group", "close_child_ends", "pipes"),
-    ("nbaccel.launch.fork.ForkStarter", "start", "fork"),
-    ("nbaccel.launch.fork.ForkStarter", "release", "starter release"),
+    ("nbaccel.launch.starters.fork.ForkStarter", "start", "fork"),
+    ("nbaccel.launch.starters.fork.ForkStarter", "release", "starter release"),
     ("nbaccel.launch.group.LocalRankGroup", "start", None),  # a classmethod: wrapped below
     ("nbaccel.launch.rendezvous.LoopbackRendezvous", "start_store", "store start"),
     ("nbaccel.launch.loop.EventLoop", "run", "loop"),
@@ -108,7 +108,7 @@ def install() -> None:
         return
     for path, name, label in KERNEL_STEPS + RANK_STEPS:
         _wrap(path, name, label)
-    fork = _owner("nbaccel.launch.fork")
+    fork = _owner("nbaccel.launch.starters.fork")
     original_run_rank = fork.run_rank
     _SAVED.append((fork, "run_rank", original_run_rank))
 

@@ -131,8 +131,8 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 def _start_fork_server() -> None:
-    """Fork nbaccel's fork server now, while the kernel is still fork-safe (nbaccel.launch.fork_server)."""
-    from nbaccel.launch.fork_server import start_early
+    """Fork nbaccel's fork server now, while the kernel is still fork-safe (nbaccel.launch.starters.fork_server)."""
+    from nbaccel.launch.starters.fork_server import start_early
 
     start_early()
 

@@ -201,7 +201,7 @@ def fork_server_nccl() -> dict[str, Any]:
     import torch
 
     import nbaccel
-    from nbaccel.launch import fork_server
+    from nbaccel.launch.starters import fork_server
 
     fork_server.start_early()
     server = fork_server.running_server()

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from nbaccel.devices import nvml
 from nbaccel.devices.nccl_guard import RTX40_GOOD_DRIVER, rtx40_nccl_variables
 from nbaccel.errors import PreflightError
-from nbaccel.launch import fork_server
-from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import LaunchOptions
 from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, never_fork, visible_gpu_count
 from nbaccel.launch.seam import LaunchPlan, RankStarter
-from nbaccel.launch.spawn import SpawnStarter
+from nbaccel.launch.starters import fork_server
+from nbaccel.launch.starters.fork import ForkStarter
+from nbaccel.launch.starters.spawn import SpawnStarter
 from nbaccel.rank.cpu_threads import threads_per_rank
 
 DEFAULT_CPU_PROCESSES = 2

@@ -17,7 +17,7 @@ event pipes: nothing here came from a network):
 - server to kernel ``{"op": "started", "pid"}`` + ``[pidfd]``, or ``{"op": "failed", "error"}``;
 - server to kernel ``{"op": "exit", "pid", "code"}`` when a rank ended.
 
-Example (what the kernel does, nbaccel.launch.fork_server)::
+Example (what the kernel does, nbaccel.launch.starters.fork_server)::
 
     kernel_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     if os.fork() == 0:

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.kernel, pytest.mark.timeout(300)]
 SETUP = """
 %load_ext nbaccel
 import os, torch, nbaccel
-from nbaccel.launch import fork_server
+from nbaccel.launch.starters import fork_server
 server_pid = fork_server.running_server().pid  # forked at %load_ext, before CUDA
 captured = torch.arange(4.0, device="cuda")  # CUDA is initialised in the kernel from here on
 assert torch.cuda.is_initialized()

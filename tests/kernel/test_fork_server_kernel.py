@@ -18,7 +18,7 @@ import os, torch
 """
 # A second cell: after the first, the server is forked again to share the torch the kernel imported.
 MARK = """
-from nbaccel.launch import fork_server
+from nbaccel.launch.starters import fork_server
 from nbaccel.testing import mark_not_fork_safe
 server_pid = fork_server.running_server().pid
 mark_not_fork_safe("CUDA is already initialised in this kernel (pretend)")

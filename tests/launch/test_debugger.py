@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 import nbaccel
-from nbaccel.launch import debug_desk, fork_server
+from nbaccel.launch import debug_desk
+from nbaccel.launch.starters import fork_server
 from nbaccel.output.sinks import TextSink
 from nbaccel.testing import CollectingSink, scaled
 

@@ -17,7 +17,7 @@ import pytest
 
 import nbaccel
 from nbaccel import RankFailedError
-from nbaccel.launch import fork_server, spawn
+from nbaccel.launch.starters import fork_server, spawn
 from nbaccel.testing import mark_fork_safe, mark_not_fork_safe, scaled
 from tests.kernel_harness import alive, wait_until
 
@@ -104,7 +104,7 @@ def test_the_job_is_pickled_once_per_launch(unsafe_kernel, monkeypatch) -> None:
 KILLED_KERNEL = textwrap.dedent(
     """
     import os, sys, time
-    from nbaccel.launch import fork_server
+    from nbaccel.launch.starters import fork_server
     from nbaccel.testing import mark_not_fork_safe
     import nbaccel
     fork_server.start_early()

@@ -32,7 +32,7 @@ Current thread 0x00007f0000000001 (most recent call first):
   File "{LIBRARY}/torch/distributed/c10d_logger.py", line 83 in wrapper
   File "/home/me/train.py", line 12 in step
   File "{LIBRARY}/nbaccel/rank/bootstrap.py", line 134 in execute
-  File "{LIBRARY}/nbaccel/launch/fork.py", line 29 in start
+  File "{LIBRARY}/nbaccel/launch/starters/fork.py", line 29 in start
   File "/home/me/notebook.py", line 3 in <module>
 '''
 

@@ -3,7 +3,7 @@
 The hazards come from the real detectors elsewhere (tests/devices, the OpenMP test below and the
 kernel tier); here each state is set by hand so every decision is checked on every run.
 
-Imports internals (launch, launch.fork, launch.preflight, launch.spawn): it tests those units directly, below the public face.
+Imports internals (launch, launch.starters.fork, launch.preflight, launch.starters.spawn): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from nbaccel import PreflightError
-from nbaccel.launch import fork_server
 from nbaccel.launch import plan as plan_module
-from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.preflight import Hazard, fork_hazards, never_fork
-from nbaccel.launch.spawn import SpawnStarter
+from nbaccel.launch.starters import fork_server
+from nbaccel.launch.starters.fork import ForkStarter
+from nbaccel.launch.starters.spawn import SpawnStarter
 
 CUDA = Hazard("cuda", "CUDA is already initialised in this kernel")
 GROUP = Hazard("process_group", "a torch.distributed process group is already initialised in this kernel")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nbaccel
-from nbaccel.launch import fork_server
+from nbaccel.launch.starters import fork_server
 from nbaccel.testing import mark_fork_safe, mark_not_fork_safe
 from nbaccel.wire import job_pickle
 from nbaccel.wire.job import Job

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import nbaccel
-from nbaccel.launch import fork_server
+from nbaccel.launch.starters import fork_server
 from nbaccel.wire import events, shm
 
 pytestmark = pytest.mark.timeout(180)

@@ -208,7 +208,7 @@ class ServerStarter:
     start_method = "forkserver"
 
     def __init__(self, server: ForkServer) -> None:
-        from nbaccel.launch.spawn import PickledJobs
+        from nbaccel.launch.starters.spawn import PickledJobs
 
         self.server = server  # the kernel's server when this starter was made; each start asks anew
         self.jobs = PickledJobs()
