@@ -38,8 +38,8 @@ from nbaccel.launch.options import LaunchOptions
 from nbaccel.launch.outcome import Status
 from nbaccel.launch.seam import RankGroup
 from nbaccel.output.sinks import Sink
+from nbaccel.pool.policies import Task
 from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus
-from nbaccel.pool.task_policy import Task
 
 
 class NodeLostPoolError(PoolStoppedError):

@@ -31,9 +31,7 @@ from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
 from nbaccel.pool.in_step import CollectiveCount, out_of_step
-from nbaccel.pool.leaving import wait_until_ended
-from nbaccel.pool.ready import wait_until_ready
-from nbaccel.pool.task_policy import Task, raise_stuck_error
+from nbaccel.pool.policies import Task, raise_stuck_error, wait_until_ended, wait_until_ready
 from nbaccel.pool.worker_calls import Assign, CallFunction, Fetch, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.debugger import DebugLastFailure

@@ -1,6 +1,6 @@
 """Persistent workers through the Python API: state across calls, failures, interrupts, teardown.
 
-Imports internals (launch.local, launch.options, launch.plan, output.sinks, pool.pool, pool.task_policy): it tests those units directly, below the public face.
+Imports internals (launch.local, launch.options, launch.plan, output.sinks, pool.pool, pool.policies): it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import nbaccel
-import nbaccel.pool.task_policy as task_policy
+import nbaccel.pool.policies as policies
 from nbaccel import PoolStoppedError, start_workers
 
 pytestmark = pytest.mark.timeout(90)
@@ -136,7 +136,7 @@ def ignore_interrupts() -> None:
 
 
 def test_a_rank_that_does_not_stop_tears_the_pool_down_and_says_so(pool, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(task_policy, "INTERRUPT_GRACE", 1.0)
+    monkeypatch.setattr(policies, "INTERRUPT_GRACE", 1.0)
     _interrupt_after(0.3)
     with pytest.raises(KeyboardInterrupt, match=r"rank\(s\) 0, 1 did not stop within 1 s"):
         pool.run(ignore_interrupts)

@@ -4,7 +4,7 @@ Real workers on gloo: a peer failing while a rank is blocked in native code that
 interrupt (issue 14, item 4), ranks left at different collective counts (item 5), and a rank
 whose CUDA context died (item 6, with an exception that reads like CUDA's: no GPU here).
 
-Imports nbaccel.pool.task_policy and rank.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
+Imports nbaccel.pool.policies and rank.serve (internal): the tests read the keep-or-drop policy and make a rank's teardown hang.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import nbaccel
-import nbaccel.pool.task_policy as task_policy
+import nbaccel.pool.policies as policies
 from nbaccel import PoolStoppedError, start_workers
 
 pytestmark = pytest.mark.timeout(90)
@@ -52,7 +52,7 @@ def block_in_c_on_rank_zero_while_rank_one_fails() -> None:
 
 
 def test_a_peer_failure_while_a_rank_is_stuck_in_native_code_raises_the_failure(pool, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(task_policy, "INTERRUPT_GRACE", 1.0)
+    monkeypatch.setattr(policies, "INTERRUPT_GRACE", 1.0)
     started = time.monotonic()
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: rank 1's own failure") as caught:
         pool.run(block_in_c_on_rank_zero_while_rank_one_fails)
