@@ -211,6 +211,17 @@ def test_fork_data_importers_are_the_known_ones() -> None:
     assert not stale, f"no longer import {sorted(names)} from {module}: remove them from KNOWN_FORK_DATA_IMPORTERS: {stale}"
 
 
+# What a pool takes from the rank side: only the function its Job names (as launch/starters/fork.py
+# takes run_rank). Data that crosses the fork lives in wire/ (Job, RankCall, the exit timeout).
+POOL_MAY_IMPORT_FROM_RANK = {"nbaccel.rank.serve": frozenset({"serve"})}
+
+
+def test_the_pool_takes_from_the_rank_side_only_the_workers_loop() -> None:
+    taken = [i for i in all_imports() if i.importer.startswith("nbaccel.pool") and i.imported.startswith("nbaccel.rank")]
+    wrong = [f"{i} {list(i.names)}" for i in taken if not i.names or not set(i.names) <= POOL_MAY_IMPORT_FROM_RANK.get(i.imported, frozenset())]
+    assert not wrong, "the pool imports rank-side modules for data that crosses the fork (give it a home in nbaccel/wire/):\n  " + "\n  ".join(wrong)
+
+
 def test_errors_imports_no_layer() -> None:
     """errors.py is imported by every layer, so it imports none (not even for annotations)."""
     assert [str(i) for i in all_imports() if i.importer == "nbaccel.errors"] == []

@@ -40,6 +40,7 @@ from nbaccel.launch.seam import RankGroup
 from nbaccel.output.sinks import Sink
 from nbaccel.pool.policies import Task
 from nbaccel.pool.pool import PoolStoppedError, WorkerPool, WorkerStatus
+from nbaccel.wire.rank_calls import RankCall
 
 
 class NodeLostPoolError(PoolStoppedError):
@@ -86,7 +87,7 @@ class ClusterWorkers(WorkerPool):
 
     def run_task(
         self,
-        task: Callable[[dict[str, Any]], Any],
+        task: Callable[[dict[str, Any]], Any] | RankCall,
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
         output: str | Sink | None = None,

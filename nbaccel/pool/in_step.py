@@ -5,7 +5,8 @@ numbers of collectives. The group does not notice: the next cell's first collect
 pairs with a leftover one on another, which hangs or, worse, returns wrong numbers. torch counts
 the collectives each rank issued on a group (its sequence number, on gloo and nccl alike), so
 after such a task every rank is asked for that count; where they differ the group cannot be
-trusted and the pool is torn down.
+trusted and the pool is torn down. The count is asked as ``RankCall.COLLECTIVE_COUNT``
+(``nbaccel.wire.rank_calls``): the rank answers it with its own code.
 
 Example:
     >>> out_of_step({0: 4, 1: 4}) is None
@@ -15,19 +16,6 @@ Example:
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
-
-from nbaccel.rank.collective_count import collective_count
-
-
-@dataclass
-class CollectiveCount:
-    """A pool task: how many collectives this rank issued on the default group (None: no group)."""
-
-    def __call__(self, namespace: dict[str, Any]) -> int | None:
-        return collective_count()
 
 
 def out_of_step(counts: dict[int, int | None]) -> str | None:

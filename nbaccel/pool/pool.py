@@ -30,16 +30,16 @@ from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
-from nbaccel.pool.in_step import CollectiveCount, out_of_step
+from nbaccel.pool.in_step import out_of_step
 from nbaccel.pool.policies import Task, raise_stuck_error, wait_until_ended, wait_until_ready
 from nbaccel.pool.worker_calls import Assign, CallFunction, Fetch, FreeMemory, RankStatus
-from nbaccel.rank import exit_hooks
-from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.rank.serve import serve
 from nbaccel.wire import rich, shm
 from nbaccel.wire.events import Kind
 from nbaccel.wire.job import Job
 from nbaccel.wire.portable import Sourced
+from nbaccel.wire.rank_calls import RankCall
+from nbaccel.wire.rank_env import exit_timeout
 from nbaccel.wire.shm import Attachments
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class WorkerPool:
                         group.send(rank, Kind.STOP, b"")
                     except OSError:
                         pass
-                grace = _LEAVE_GRACE + exit_hooks.timeout()  # the ranks' own atexit handlers run first
+                grace = _LEAVE_GRACE + exit_timeout()  # the ranks' own atexit handlers run first
                 wait_until_ended(group, grace=grace)  # returns as soon as all ended
                 lingering = [rank for rank in range(self.num_processes) if group.returncode(rank) is None]
                 if lingering:
@@ -231,14 +231,14 @@ class WorkerPool:
 
     def run_task(
         self,
-        task: Callable[[dict[str, Any]], Any],
+        task: Callable[[dict[str, Any]], Any] | RankCall,
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
         output: str | Sink | None = None,
         label: str = "",
         remember: bool = True,
     ) -> Any:
-        """Send ``task`` (a callable over the rank's namespace) to ``ranks`` and collect the answers."""
+        """Send ``task`` (a callable over the rank's namespace, or a ``RankCall`` the rank runs with its own code) to ``ranks`` and collect the answers."""
         group = self._require_group()
         chosen = self._check_ranks(ranks)
         check_timeout(timeout)
@@ -294,7 +294,7 @@ class WorkerPool:
         chosen = self.last_failed_rank if rank is None else rank
         if chosen is None:
             raise LookupError("no cell has failed on these workers yet: there is nothing to debug (pass rank=N to look at a rank's last failure).")
-        if not self.run_task(DebugLastFailure(), ranks=[chosen], output=output, label="debug", remember=False)[chosen]:
+        if not self.run_task(RankCall.DEBUG_LAST_FAILURE, ranks=[chosen], output=output, label="debug", remember=False)[chosen]:
             raise LookupError(f"rank {chosen} has no failed cell to debug: its cells have not raised since the workers started.")
 
     # -- internals -------------------------------------------------------------------------------
@@ -359,7 +359,7 @@ class WorkerPool:
         """Why the workers' process group cannot be trusted any more, or None when it can."""
         self._checking = True  # the check is a task too: its own outcome is not checked again
         try:
-            counts = self.run_task(CollectiveCount(), ranks=range(self.num_processes), output=CollectingSink(), remember=False, timeout=_COUNT_TIMEOUT)
+            counts = self.run_task(RankCall.COLLECTIVE_COUNT, ranks=range(self.num_processes), output=CollectingSink(), remember=False, timeout=_COUNT_TIMEOUT)
         except (NbaccelError, KeyboardInterrupt) as exc:  # workers that cannot even answer this
             return f"the workers could not say how many collectives they issued ({type(exc).__name__}); the workers were stopped. Start new ones (%distributed start)."
         finally:

@@ -218,16 +218,13 @@ class PostMortemOnError:
             raise
 
 
-@dataclass
-class DebugLastFailure:
-    """A worker task: the post-mortem of the rank's last failed cell (``pool.debug``)."""
-
-    def __call__(self, namespace: dict[str, Any]) -> bool:
-        """False when the rank has no failure to look at."""
-        if _last_failure is None:
-            return False
-        post_mortem(_last_failure)
-        return True
+def debug_last_failure(namespace: dict[str, Any]) -> bool:
+    """A worker's post-mortem of its last failed cell (``pool.debug``, sent as
+    ``RankCall.DEBUG_LAST_FAILURE``); False when the rank has no failure to look at."""
+    if _last_failure is None:
+        return False
+    post_mortem(_last_failure)
+    return True
 
 
 def install(rank: int, channel: int, commands: int | None) -> None:

@@ -39,8 +39,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-TIMEOUT_VARIABLE = "NBACCEL_EXIT_TIMEOUT"
-DEFAULT_TIMEOUT = 10.0
+from nbaccel.wire.rank_env import EXIT_TIMEOUT, exit_timeout
 
 _state: dict[str, Any] = {"started": False}
 
@@ -133,23 +132,8 @@ def prepare() -> None:
         _prepared["main"] = _main_process_like(kernel_side)
 
 
-def timeout() -> float:
-    """Seconds a rank's exit handlers may take, from ``NBACCEL_EXIT_TIMEOUT`` (default 10).
-
-    Example:
-        >>> timeout() > 0
-        True
-    """
-    text = os.environ.get(TIMEOUT_VARIABLE, "")
-    try:
-        value = float(text)
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
-
-
 def finish(exit_code: int) -> None:
-    """Run the rank's atexit handlers, then multiprocessing's exit function, at most ``timeout()``.
+    """Run the rank's atexit handlers, then multiprocessing's exit function, at most ``exit_timeout()``.
 
     The order of a Python process's end (handlers registered after multiprocessing's run
     first, so a handler that logs into a queue is flushed by the feeders' join). Only after
@@ -161,7 +145,7 @@ def finish(exit_code: int) -> None:
     _state["started"] = False
     if not _anything_to_run():
         return  # most ranks: no thread started for nothing
-    limit = timeout()
+    limit = exit_timeout()
     done = threading.Event()
     watchdog = threading.Thread(target=_end_if_hung, args=(done, limit, exit_code), name="nbaccel-exit-watchdog", daemon=True)
     watchdog.start()
@@ -202,7 +186,7 @@ def _end_if_hung(done: threading.Event, limit: float, exit_code: int) -> None:
     if done.wait(limit):
         return
     # Straight to fd 2: the hung main thread may hold sys.stderr's lock.
-    line = f"nbaccel: the rank's exit handlers (atexit, multiprocessing) still ran after {limit:g} s ({TIMEOUT_VARIABLE}); exiting without waiting for them\n"
+    line = f"nbaccel: the rank's exit handlers (atexit, multiprocessing) still ran after {limit:g} s ({EXIT_TIMEOUT}); exiting without waiting for them\n"
     try:
         os.write(2, line.encode())
     finally:

@@ -19,9 +19,11 @@ from typing import Any
 
 from nbaccel.devices import nvml
 from nbaccel.errors import EngineStateError
+from nbaccel.rank import collective_count, debugger
 from nbaccel.rank.bootstrap import call_and_report
 from nbaccel.wire import events, shm
 from nbaccel.wire.job import ChildEnds
+from nbaccel.wire.rank_calls import RankCall
 
 _DEFERRED_NOTE = "nbaccel: destroy_process_group() is deferred until the workers stop, so the next cell still has its process group (said once)"
 
@@ -42,12 +44,21 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
             command = _next_command(ends.commands, decoder)
             if command is None or command.kind is events.Kind.STOP:
                 break
-            task = command.value()
+            task = _task(command.value())
             call_and_report(lambda: interrupts.run(task, namespace), ends.channel)  # noqa: B023 - called at once, in this iteration
     finally:
         restore()
     # Every rank joined the group before READY, so leaving needs no exit barrier here.
     _destroy_default_group()
+
+
+def _task(value: Any) -> Any:
+    """The callable a TASK stands for: the kernel's own, or the rank's function a ``RankCall`` names."""
+    if value is RankCall.DEBUG_LAST_FAILURE:
+        return debugger.debug_last_failure
+    if value is RankCall.COLLECTIVE_COUNT:
+        return lambda namespace: collective_count.collective_count()
+    return value
 
 
 class TaskInterrupts:

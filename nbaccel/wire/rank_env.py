@@ -29,6 +29,10 @@ DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda" or "cpu": what the launcher chose 
 MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Accelerator() sees it too
 ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
 ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
+# Seconds a rank's exit handlers may take (nbaccel.rank.exit_hooks); the kernel waits that long too
+# before it calls a leaving worker stuck. Set by the user, read on both sides.
+EXIT_TIMEOUT = "NBACCEL_EXIT_TIMEOUT"
+DEFAULT_EXIT_TIMEOUT = 10.0
 
 # What torch elastic's LocalElasticAgent._start_workers gives every worker (torch 2.13,
 # torch/distributed/elastic/agent/server/local_elastic_agent.py), so code written for torchrun
@@ -45,6 +49,21 @@ ROLE_NAME = "default"  # torchrun's role for its workers (--role)
 
 MixedPrecision = Literal["no", "fp16", "bf16", "fp8"]
 MIXED_PRECISIONS: tuple[str, ...] = get_args(MixedPrecision)
+
+
+def exit_timeout() -> float:
+    """Seconds a rank's exit handlers may take, from ``NBACCEL_EXIT_TIMEOUT`` (default 10).
+
+    Example:
+        >>> exit_timeout() > 0
+        True
+    """
+    text = os.environ.get(EXIT_TIMEOUT, "")
+    try:
+        value = float(text)
+    except ValueError:
+        return DEFAULT_EXIT_TIMEOUT
+    return value if value > 0 else DEFAULT_EXIT_TIMEOUT
 
 
 @functools.lru_cache(maxsize=1)
