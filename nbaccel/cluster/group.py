@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbaccel.cluster.cluster import Cluster, NodeInfo
 from nbaccel.cluster.inbox import Item, LaunchInbox
@@ -35,16 +35,13 @@ from nbaccel.errors import PreflightError
 from nbaccel.launch.outcome import Status, with_cell_names
 from nbaccel.launch.pipes import LAST_LINES
 from nbaccel.launch.rendezvous import LoopbackRendezvous
-from nbaccel.launch.seam import GroupStarter, LaunchPlan
+from nbaccel.launch.seam import GroupLoop, GroupStarter, LaunchPlan
 from nbaccel.launch.stacks import RankStack, summarise, without_launch_frames
 from nbaccel.net import protocol
 from nbaccel.net.link import new_nonce
 from nbaccel.wire import events, rich
 from nbaccel.wire.job import Job
 from nbaccel.wire.portable import Sourced
-
-if TYPE_CHECKING:
-    from nbaccel.launch.loop import EventLoop
 
 _INBOX_ORDER = (-1, 0)
 _CLOSE_GRACE = 3.0  # close(): how long nodes get to report their ranks ended before we give up
@@ -109,7 +106,7 @@ class ClusterRankGroup:
         self._memory: dict[int, tuple[int | None, str | None]] = {}  # rank -> (peak, OOM words) from its agent
         self.latest_samples: dict[int, dict[str, Any]] = {}  # rank -> its agent's latest resource sample
         self._lines: dict[int, deque[str]] = {rank: deque(maxlen=LAST_LINES) for rank in self.slot_of}
-        self._loop: EventLoop | None = None
+        self._loop: GroupLoop | None = None
         self._closed = False
         self._deferred: list[Item] = []  # set aside while stacks() waited for its answers
         self.lost: dict[int, str] = {}  # node rank -> what was said when it was lost (a pool keeps the rest)
@@ -152,14 +149,14 @@ class ClusterRankGroup:
 
     # -- feeding the loop ------------------------------------------------------------------------
 
-    def attach(self, loop: EventLoop) -> None:
+    def attach(self, loop: GroupLoop) -> None:
         self._loop = loop
         loop.add_reader(self.inbox.fd, self._on_inbox, _INBOX_ORDER)
         for rank in loop.ranks:  # the views name each rank's node (its tab title, the saved bundle)
             slot = self.slot_of[rank]
             loop.sink.event(rank, rich.node_event(slot.node_rank, slot.node.host))
 
-    def detach(self, loop: EventLoop) -> None:
+    def detach(self, loop: GroupLoop) -> None:
         loop.remove_reader(self.inbox.fd)
         self._loop = None
         for rank in loop.ranks:  # at the end, when the most probes are in: a profile's lanes are shifted by it

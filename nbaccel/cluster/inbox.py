@@ -20,7 +20,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbaccel.cluster.cluster import NodeInfo
+    from nbaccel.cluster.nodes import NodeInfo
 
 Item = tuple[str, "NodeInfo", Any]  # ("message", node, verified Message) or ("lost", node, reason)
 

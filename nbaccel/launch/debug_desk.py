@@ -25,17 +25,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nbaccel.launch import ipython_pdb
 from nbaccel.launch.outcome import with_cell_names
+from nbaccel.launch.seam import RankGroup, Sink
 from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
 from nbaccel.wire.events import Kind
 from nbaccel.wire.job import Job
-
-if TYPE_CHECKING:
-    from nbaccel.launch.loop import EventLoop
 
 Ask = Callable[[str], str]  # the kernel's raw_input: a prompt in, the typed line out
 
@@ -101,10 +99,38 @@ def first_line(rank: int, header: str) -> str:
     return f"nbaccel: {what}; {TIMEOUTS_LINE}"
 
 
+class DeskLoop(Protocol):
+    """What the desk needs of the loop it serves (``nbaccel.launch.loop.EventLoop``): its sink and
+    group, a reader for the helper thread's answers, the ranks' lines, and its clocks."""
+
+    @property
+    def sink(self) -> Sink:
+        """Where the prompts' text goes."""
+
+    @property
+    def group(self) -> RankGroup:
+        """The ranks the answers are sent to."""
+
+    def add_reader(self, fd: int, handler: Callable[[], None], order: tuple[int, int]) -> None:
+        """Call ``handler`` when ``fd`` is readable."""
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd``."""
+
+    def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        """Show lines as ``rank``'s output."""
+
+    def hold_clocks(self) -> None:
+        """A rank is in the debugger: ``timeout=`` and the stall report wait."""
+
+    def release_clocks(self) -> None:
+        """No rank is in the debugger any more: the clocks go on."""
+
+
 class DebugDesk:
     """Every rank's debugger prompt of one loop, asked on the kernel's stdin one at a time."""
 
-    def __init__(self, loop: EventLoop, ask: Ask | None = None) -> None:
+    def __init__(self, loop: DeskLoop, ask: Ask | None = None) -> None:
         self.loop = loop
         self.ask = ask if ask is not None else kernel_stdin()
         self.holder: int | None = None  # the rank whose session has the prompt

@@ -20,19 +20,15 @@ import gc
 import os
 import signal
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
 from nbaccel.launch.rendezvous import LoopbackRendezvous
-from nbaccel.launch.seam import LaunchPlan, RankStarter
+from nbaccel.launch.seam import LaunchPlan, RankFeed, RankStarter
 from nbaccel.launch.stacks import STACK_FILE_VARIABLE, RankStack, StackFiles
 from nbaccel.wire import events, shm
 from nbaccel.wire.job import Job
 from nbaccel.wire.rank_env import rank_environment
-
-if TYPE_CHECKING:
-    from nbaccel.launch.loop import EventLoop
 
 _NO_PIDFD_POLL = 0.02  # only where the OS has no pidfd: how often exits are looked for
 _STORE_ORDER = (-1, 0)  # a rank connecting to the store is served before any rank's output
@@ -46,7 +42,7 @@ class LocalRankGroup:
         self.stack_files = stack_files
         self.processes: list[RankProcess] = []
         self.pipes: list[RankPipes] = []
-        self._loop: EventLoop | None = None
+        self._loop: RankFeed | None = None
         self._ended_streams: set[int] = set()  # fds at end of file: never watched again
         self.gpus: tuple[int, ...] = ()  # the plan's CUDA devices, one a rank (none on CPU ranks)
 
@@ -100,7 +96,7 @@ class LocalRankGroup:
 
     # -- feeding the loop ------------------------------------------------------------------------
 
-    def attach(self, loop: EventLoop) -> None:
+    def attach(self, loop: RankFeed) -> None:
         self._loop = loop
         if self.rendezvous.listen_fd is not None and not self.rendezvous.store_started:
             loop.add_reader(self.rendezvous.listen_fd, self._start_store, _STORE_ORDER)
@@ -112,7 +108,7 @@ class LocalRankGroup:
                 if fd is not None and fd not in self._ended_streams:
                     loop.add_reader(fd, functools.partial(handler, proc.rank), (proc.rank, order))
 
-    def detach(self, loop: EventLoop) -> None:
+    def detach(self, loop: RankFeed) -> None:
         self._loop = None
 
     def poll(self) -> float | None:

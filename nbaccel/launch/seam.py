@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from nbaccel.wire.events import Kind
+from nbaccel.wire.events import Event, Kind
 from nbaccel.wire.job import ChildEnds, Job
 
 if TYPE_CHECKING:
-    from nbaccel.launch.loop import EventLoop
     from nbaccel.launch.outcome import RankOutcome
     from nbaccel.launch.processes import RankProcess
     from nbaccel.launch.stacks import RankStack
@@ -95,6 +94,43 @@ class Sink(Protocol):
         """Do what is due now (push held lines, update a clock); cheap when nothing is."""
 
 
+class RankFeed(Protocol):
+    """What a rank group's sources call on the loop they feed: the event loop
+    (``nbaccel.launch.loop.EventLoop``), or a node agent relaying its ranks to the kernel."""
+
+    def add_reader(self, fd: int, handler: Callable[[], None], order: tuple[int, int]) -> None:
+        """Call ``handler`` when ``fd`` is readable; when several are, lower ``order`` (rank, source) first."""
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd`` (known or not)."""
+
+    def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        """Whole lines ``rank`` wrote to ``stream``."""
+
+    def event(self, rank: int, event: Event) -> None:
+        """One event from ``rank``'s stream (``nbaccel.wire.events``)."""
+
+    def exited(self, rank: int, returncode: int) -> None:
+        """``rank``'s process ended with ``returncode`` (negative: that signal); its output drained."""
+
+
+class GroupLoop(RankFeed, Protocol):
+    """The event loop as a rank group sees it: a feed, plus the ranks taking part, their outcomes so
+    far and the sink (a group across nodes names each rank's node in its view)."""
+
+    @property
+    def ranks(self) -> Sequence[int]:
+        """The ranks taking part in this loop."""
+
+    @property
+    def outcomes(self) -> Mapping[int, RankOutcome]:
+        """What has become of each rank taking part, so far."""
+
+    @property
+    def sink(self) -> Sink:
+        """Where the loop sends what the ranks say."""
+
+
 class RankGroup(Protocol):
     """The ranks of one attempt (or of a pool's lifetime), as the event loop drives them.
 
@@ -106,10 +142,10 @@ class RankGroup(Protocol):
     def num_processes(self) -> int:
         """How many ranks the group has (all of them, on every node)."""
 
-    def attach(self, loop: EventLoop) -> None:
+    def attach(self, loop: GroupLoop) -> None:
         """Register every source of rank output, events and exits with ``loop``."""
 
-    def detach(self, loop: EventLoop) -> None:
+    def detach(self, loop: GroupLoop) -> None:
         """Stop feeding ``loop`` (a pool keeps its group for the next task's loop)."""
 
     def poll(self) -> float | None:
