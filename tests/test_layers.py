@@ -244,3 +244,12 @@ def test_the_kernel_side_of_several_machines_never_imports_the_node_side() -> No
     nbaccel.net (the link) or lower, so neither side's code is loaded where it does not run."""
     crossing = [str(i) for i in all_imports() if i.importer.startswith("nbaccel.cluster") and i.imported.startswith("nbaccel.agent")]
     assert not crossing, "the kernel side imports the node side:\n  " + "\n  ".join(crossing)
+
+
+def test_the_map_in_docs_lists_the_layers_in_this_order() -> None:
+    """docs/architecture.md's table of folders goes down the layers as LAYERS does (a reader takes
+    the map's order for the import order)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    folders = [line.split("`")[1].strip("/").replace("/", ".") for line in text.splitlines() if line.startswith("| `nbaccel/")]
+    packages = [name for row in LAYERS for name in row if (PACKAGE / name.removeprefix("nbaccel.")).is_dir() and name != "nbaccel"]
+    assert folders == packages, f"docs/architecture.md lists {folders}; the layers, top down, are {packages}"
