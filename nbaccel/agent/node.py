@@ -14,12 +14,12 @@ Example::
 from __future__ import annotations
 
 import gc
-import multiprocessing.connection
 import os
 import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -51,8 +51,8 @@ def visible_gpus() -> int:
     The agent forks its ranks, so CUDA must stay uninitialised in it; no NVIDIA driver means 0.
     A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
     """
-    # torch now, before the loop runs: the first launch's torch elastic would import it (seconds
-    # on a busy machine, long enough to miss heartbeats), and forked ranks inherit it. No CUDA.
+    # torch now, before the loop runs: the first launch's ranks would import it (seconds on a busy
+    # machine, each), and forked ranks inherit it. No CUDA.
     import torch  # noqa: F401
 
     return nvml.visible_count()
@@ -73,6 +73,36 @@ def launcher_facts(started_by: str, order: int | None = None, environ: dict[str,
         facts["slurm_job"] = environ.get("SLURM_JOB_ID", "")
         facts["started_by"] = started_by or f"slurm job {facts['slurm_job']}"
     return facts
+
+
+class _Terminated(BaseException):
+    """SIGTERM, SIGHUP or SIGQUIT reached the agent: like KeyboardInterrupt, not an Exception, so
+    only ``run`` catches it, after which the ranks are stopped and the agent exits 0."""
+
+
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # scancel, a closed ssh session, a user
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signal.Signals(signum).name)
+
+
+def _end_on_signals() -> dict[int, Any]:
+    """Turn the ending signals into ``_Terminated`` while the agent runs; the handlers they had.
+    Outside the main thread (an agent run by a test's thread) signals stay as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _raise_terminated) for sig in _ENDING_SIGNALS}
+
+
+def _ignore(previous: dict[int, Any]) -> None:
+    for sig in previous:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 class NodeAgent:
@@ -152,7 +182,9 @@ class NodeAgent:
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Join, then serve launches until the cluster closes or the kernel is lost."""
+        """Join, then serve launches until the cluster closes or the kernel is lost (or this
+        agent is told to end: SIGTERM, SIGHUP or SIGQUIT stop its ranks first, as an interrupt does)."""
+        previous = _end_on_signals()
         try:
             if self.link is None:
                 self.connect()
@@ -167,12 +199,14 @@ class NodeAgent:
         except AgentError as exc:
             print(f"nbaccel-agent: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
-        except BaseException as exc:  # KeyboardInterrupt, elastic's SignalException (SIGTERM)
-            if not isinstance(exc, (KeyboardInterrupt, SystemExit)) and type(exc).__name__ != "SignalException":
-                raise
+        except (KeyboardInterrupt, SystemExit, _Terminated):
             return EXIT_OK
         finally:
-            self._shut_down()
+            _ignore(previous)  # a second SIGTERM must not cut the ranks' stop short
+            try:
+                self._shut_down()
+            finally:
+                _restore(previous)
 
     def _loop(self) -> int:
         while True:
@@ -188,6 +222,8 @@ class NodeAgent:
                 self._send(protocol.HEARTBEAT)
                 self._next_heartbeat = now + protocol.HEARTBEAT_EVERY
             for key, _ in self._selector.select(self._wait_time()):
+                if key.fd not in self._selector.get_map():  # an earlier handler of this round dropped it
+                    continue
                 code = key.data()
                 if code is False:
                     self._selector.unregister(key.fd)
@@ -268,25 +304,20 @@ class NodeAgent:
         def emit(kind: str, body: Any = None, raw: bytes | None = None) -> None:
             self._send(kind, body, launch, raw)
 
-        ranks = NodeRanks(spec, job_bytes, emit, self.interface, close_fds=[self.link.fileno(), self._selector.fileno()])
+        ranks = NodeRanks(spec, job_bytes, emit, self.interface, close_fds=[self.link.fileno(), self._selector.fileno()], selector=self._selector)
         try:
-            ranks.start()
+            ranks.start()  # its pipes and pidfds are in our selector from here on
         except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the launch
             ranks.kill_and_close()
             self._send(protocol.FAILED, {"message": f"{type(exc).__name__}: {exc}"}, launch)
             return
         self.ranks = ranks
-        for fd, handler in ranks.readers():
-            self._selector.register(fd, selectors.EVENT_READ, handler)
-        self._send(protocol.STARTED, {"pids": [p.pid for p in ranks.processes]}, launch)
+        self._send(protocol.STARTED, {"pids": ranks.pids}, launch)
 
     def _finish_launch(self) -> None:
         assert self.ranks is not None
         ranks, self.ranks = self.ranks, None
-        for fd, _ in ranks.readers():
-            if fd in self._selector.get_map():
-                self._selector.unregister(fd)
-        ranks.kill_and_close()
+        ranks.kill_and_close()  # its sources leave our selector first
         self._send(protocol.FINISHED, None, ranks.launch)
         warm.import_noted()  # modules the ranks had to import (torch._dynamo): later forks inherit them
         gc.collect()  # while idle: the next launch forks from a clean heap (see NodeRanks.start)
@@ -302,10 +333,6 @@ class NodeAgent:
     def _stop_ranks_now(self, grace: float = 1.0) -> None:
         assert self.ranks is not None
         self.ranks.stop("closing")
-        deadline = time.monotonic() + grace
-        running = [p for p in self.ranks.processes if p.exitcode is None]
-        while running and time.monotonic() < deadline:  # woken by each exit, not by a clock
-            multiprocessing.connection.wait([p.sentinel for p in running], deadline - time.monotonic())
-            running = [p for p in running if p.exitcode is None]
+        self.ranks.wait_ended(grace)  # woken by each exit, not by a clock
         self.ranks.kill_and_close()
         self.ranks = None

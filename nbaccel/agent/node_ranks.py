@@ -1,23 +1,25 @@
-"""One launch's ranks on one node, as the agent runs them: started by torch elastic, relayed signed.
+"""One launch's ranks on one node, as the agent runs them: started as one node's ranks are, relayed signed.
 
-``start_processes`` (torch.distributed.elastic.multiprocessing, fork) creates the processes with
-the environment torchrun would give them; nbaccel's pipes (inherited across the fork) carry each
-rank's stdout, stderr and channel frames to the agent, which forwards them to the kernel. The
-agent watches the processes' sentinels itself: elastic's own monitor blocks (and after a failure
-waits up to 30 s in ``close``), while the kernel decides how a launch ends on every node at once.
+The ranks are a ``LocalRankGroup`` started by the ``ForkStarter`` (``nbaccel.launch``): the same
+pipes, pids, pidfds, signals, release and GPU map as a launch on one machine, with the
+environment torchrun would give them and the kernel's store as their rendezvous. Where one node's
+group feeds the event loop, this one feeds ``NodeRanks`` (a ``RankFeed``): each rank's lines,
+frames and exit go to the kernel over the signed link, under the rank's number in the launch. The
+kernel decides how a launch ends on every node at once; the agent escalates a stop with the
+one-node ``Escalation`` and samples its ranks with the one-node sampler.
 
 Example::
 
-    ranks = NodeRanks(spec, job_bytes, emit=send_to_kernel, interface="eth0", close_fds=[sock])
-    ranks.start()
-    ... # the agent's loop calls ranks.on_readable(fd) / ranks.on_clock(now)
+    ranks = NodeRanks(spec, job_bytes, emit=send_to_kernel, interface="eth0", close_fds=[sock], selector=selector)
+    ranks.start()  # its sources are in the agent's selector from here on
+    ... # the agent's loop calls each ready key's handler, and ranks.on_clock(now)
+    ranks.kill_and_close()
 """
 
 from __future__ import annotations
 
-import functools
 import gc
-import os
+import selectors
 import signal
 import time
 from collections.abc import Callable
@@ -25,11 +27,12 @@ from typing import Any
 
 from nbaccel.launch import warm
 from nbaccel.launch.escalation import LINGER, STOP_PLANS, Escalation
-from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
+from nbaccel.launch.group import LocalRankGroup
+from nbaccel.launch.loop import sampler_for
 from nbaccel.launch.sampler import ResourceSampler
-from nbaccel.launch.stacks import STACK_FILE_VARIABLE, StackFiles
+from nbaccel.launch.starters.fork import ForkStarter
 from nbaccel.net import protocol
-from nbaccel.rank.agent_entry import run_remote_rank
+from nbaccel.rank.agent_entry import remote_job
 from nbaccel.wire import events, rich
 from nbaccel.wire.rank_env import rank_environment
 
@@ -58,30 +61,16 @@ def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> di
     )
 
 
-def _logs_specs() -> Any:
-    """Elastic's log destinations, minus what nbaccel does itself.
-
-    The ranks' output goes through nbaccel's pipes (and lands in the kernel's per-launch log
-    folder), and errors through their channel. Elastic's default for ``log_dir=os.devnull``
-    still tails /dev/null in two thread pools per launch, whose shutdown costs 0.1-0.2 s.
-    """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.api import LogsDest
-
-    class ConsoleOnly(DefaultLogsSpecs):
-        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-            for env in envs.values():
-                env["TORCHELASTIC_ERROR_FILE"] = ""
-            console = dict.fromkeys(envs, "")
-            return LogsDest(console, dict(console), {}, {}, dict.fromkeys(envs, os.devnull), os.devnull, os.devnull)
-
-    return ConsoleOnly(log_dir=os.devnull)
-
-
 class NodeRanks:
-    """The local ranks of one launch: start, relay, signal on the kernel's word, reap."""
+    """The local ranks of one launch: start, relay, signal on the kernel's word, reap.
 
-    def __init__(self, spec: dict[str, Any], job_bytes: bytes, emit: Emit, interface: str | None, close_fds: list[int]) -> None:
+    The group numbers its ranks 0..nproc-1 (``local``); the kernel knows them as
+    ``first_rank + local``, the number every message to it carries.
+    """
+
+    def __init__(
+        self, spec: dict[str, Any], job_bytes: bytes, emit: Emit, interface: str | None, close_fds: list[int], selector: selectors.BaseSelector
+    ) -> None:
         self.spec = spec
         self.launch: str = spec["launch"]
         self.first_rank: int = spec["first_rank"]
@@ -89,219 +78,163 @@ class NodeRanks:
         self._emit = emit
         self._interface = interface
         self._close_fds = close_fds
-        self.pipes: list[RankPipes] = []
-        self.processes: list[Any] = []  # multiprocessing.Process, one per local rank
-        self.signals_sent: dict[int, list[int]] = {}
-        self.exited: set[int] = set()
-        self._context: Any = None
-        self._stack_files: StackFiles | None = None
-        self._escalation = Escalation(self._send_each)  # the stop's timed signals, as on one node
+        self._selector = selector
+        self._watched: set[int] = set()  # fds this launch registered in the agent's selector
+        self.group: LocalRankGroup | None = None
+        self.ended: set[int] = set()  # local ranks whose exit was relayed
+        self._escalation = Escalation(self._signal_locals)  # the stop's timed signals, as on one node
         self._sampler: ResourceSampler | None = None  # this node's ranks, sampled here and sent as RICH events
 
     @property
     def nproc(self) -> int:
         return int(self.spec["nproc"])
 
-    def start(self) -> None:
-        """Create every local rank through torch elastic; on failure nothing is left running."""
-        from torch.distributed.elastic.multiprocessing import start_processes
+    def start(self, starter: ForkStarter | None = None) -> None:
+        """Fork every local rank (as one node's are) and watch them; on failure nothing is left running."""
+        environments = [rank_env(self.spec, local, self._interface) for local in range(self.nproc)]
+        # Forking while the previous launch's objects await collection crashed ranks in the
+        # collector (research/multinode.md). The agent collected fully after that launch (off the
+        # critical path); collect what is young now (the group freezes what the ranks inherit).
+        gc.collect(1)
+        gpus = self.spec.get("gpus")
+        self.group = LocalRankGroup.start_node(
+            starter or ForkStarter(),
+            remote_job(self._job_bytes),
+            environments,
+            self.spec["device_type"],
+            [int(g) for g in gpus] if gpus else None,
+            close_fds=self._close_fds,
+        )
+        self._sampler = sampler_for(self.group)
+        self.group.attach(self)
 
-        ends = []
-        try:
-            for local in range(self.nproc):
-                parent, child = open_rank_pipes(self.first_rank + local, with_commands=True)
-                self.pipes.append(parent)
-                ends.append(child)
-            self._stack_files = StackFiles()  # where a rank dumps its stacks when asked (0700)
-            envs = {local: rank_env(self.spec, local, self._interface) for local in range(self.nproc)}
-            for local, env in envs.items():
-                env[STACK_FILE_VARIABLE] = self._stack_files.path(self.first_rank + local)
-            kernel_side = [fd for p in self.pipes for fd in p.all_fds] + self._close_fds
-            args = {local: (self._job_bytes, envs[local], ends[local], kernel_side, os.getpid()) for local in range(self.nproc)}
-            # Forking while the previous launch's objects await collection crashed ranks in the
-            # collector (research/multinode.md). The agent collected fully after that launch
-            # (off the critical path); collect what is young now, and freeze what ranks inherit.
-            gc.collect(1)
-            gc.freeze()
-            try:
-                self._context = start_processes(
-                    name=f"nbaccel-{self.launch}",
-                    entrypoint=run_remote_rank,
-                    args=args,
-                    envs=envs,
-                    logs_specs=_logs_specs(),
-                    start_method="fork",
-                )
-            finally:
-                gc.unfreeze()
-            self.processes = list(self._context._pc.processes)
-            pids = {self.first_rank + local: p.pid for local, p in enumerate(self.processes)}
-            self._sampler = ResourceSampler(pids, time.monotonic(), gpus=self._cuda_indices())
-        finally:
-            for child in ends:
-                close_child_ends(child)
-        self.signals_sent = {local: [] for local in range(self.nproc)}
-
-    def _cuda_indices(self) -> dict[int, int]:
-        """Global rank -> the CUDA index (as this agent sees it) of each rank on a GPU: local rank l
-        uses ``cuda:l`` of its CUDA_VISIBLE_DEVICES (the spec's ``gpus``, else this agent's)."""
-        if self.spec["device_type"] != "cuda":
-            return {}
-        chosen = self.spec.get("gpus")
-        return {self.first_rank + local: int(chosen[local]) if chosen else local for local in range(self.nproc) if not chosen or local < len(chosen)}
-
-    def readers(self) -> list[tuple[int, Callable[[], bool]]]:
-        """(fd, handler) pairs for the agent's selector, pipes first, then process sentinels;
-        a handler returns False when its fd is finished with (end of file, process reaped)."""
-        found: list[tuple[int, Callable[[], bool]]] = []
-        for local, pipes in enumerate(self.pipes):
-            found.append((pipes.channel, functools.partial(self._on_channel, local)))
-            found.append((pipes.stdout, functools.partial(self._on_stream, local, "stdout")))
-            found.append((pipes.stderr, functools.partial(self._on_stream, local, "stderr")))
-        for local, proc in enumerate(self.processes):
-            found.append((proc.sentinel, functools.partial(self._on_exit, local)))
-        return found
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.group.processes] if self.group is not None else []
 
     @property
     def done(self) -> bool:
-        return len(self.exited) == self.nproc
+        return len(self.ended) == self.nproc
 
-    def _lines_to_kernel(self, rank: int, stream: str, lines: list[str]) -> None:
-        self._emit(protocol.LINES, {"rank": rank, "stream": stream, "lines": lines})
+    # -- what the group's sources call (a RankFeed) ----------------------------------------------
 
-    def _on_stream(self, local: int, stream: str) -> bool:
-        pipes = self.pipes[local]
-        return pipes.read_stream(pipes.stdout if stream == "stdout" else pipes.stderr, stream, self._lines_to_kernel)
+    def add_reader(self, fd: int, handler: Callable[[], None], order: tuple[int, int]) -> None:
+        self._selector.register(fd, selectors.EVENT_READ, handler)
+        self._watched.add(fd)
 
-    def _on_channel(self, local: int) -> bool:
-        frames, open_ = self.pipes[local].read_channel()
-        self._forward(local, frames)
-        return open_
+    def remove_reader(self, fd: int) -> None:
+        if fd in self._watched:
+            self._watched.discard(fd)
+            self._selector.unregister(fd)
 
-    def _forward(self, local: int, decoded: list[events.Event]) -> None:
-        for event in decoded:
-            if event.kind is events.Kind.IMPORTED:  # warm the agent, not the kernel: ranks fork from here
-                warm.note(event.value())  # from our own child, over a private pipe
-            else:
-                self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(event.kind), event.payload))
+    def lines(self, local: int, stream: str, lines: list[str]) -> None:
+        self._emit(protocol.LINES, {"rank": self.first_rank + local, "stream": stream, "lines": lines})
 
-    def _on_exit(self, local: int) -> bool:
-        if local in self.exited:
-            return False
-        if self.processes[local].exitcode is None:
-            return True
-        self._forward(local, self.pipes[local].drain(self._lines_to_kernel))
-        self.exited.add(local)
-        code = self.processes[local].exitcode
-        self._emit(
-            protocol.EXITED, {"rank": self.first_rank + local, "returncode": code, "signals_sent": self.signals_sent[local], **self._memory_words(local, code)}
-        )
-        return False
+    def event(self, local: int, event: events.Event) -> None:
+        if event.kind is events.Kind.IMPORTED:  # warm the agent, not the kernel: ranks fork from here
+            warm.note(event.value())  # from our own child, over a private pipe
+        else:
+            self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(event.kind), event.payload))
 
-    def _memory_words(self, local: int, code: int | None) -> dict[str, Any]:
+    def exited(self, local: int, returncode: int) -> None:
+        """The group reaped ``local`` and drained its pipes: tell the kernel, with what this node knows."""
+        assert self.group is not None
+        self.ended.add(local)
+        sent = self.group.processes[local].signals_sent
+        body = {"rank": self.first_rank + local, "returncode": returncode, "signals_sent": list(sent), **self._memory_words(local, returncode)}
+        self._emit(protocol.EXITED, body)
+
+    def _memory_words(self, local: int, code: int) -> dict[str, Any]:
         """The rank's peak and, for a SIGKILL this agent did not send, whether it was the OOM killer:
         decided here, with the one-node code, since only this node knows the rank's cgroup."""
-        if self._sampler is None:
+        if self._sampler is None or self.group is None:
             return {}
-        rank = self.first_rank + local
-        killed = code == -signal.SIGKILL and not self.signals_sent[local]
-        return {"peak_rss": self._sampler.peaks.get(rank), "out_of_memory": self._sampler.out_of_memory(rank) if killed else None}
+        killed = code == -signal.SIGKILL and not self.group.was_signalled(local)
+        return {"peak_rss": self._sampler.peaks.get(local), "out_of_memory": self._sampler.out_of_memory(local) if killed else None}
 
     # -- the kernel's orders -------------------------------------------------------------------
 
+    def _local(self, rank: int) -> int | None:
+        """The group's number of the launch's ``rank``, if it runs here."""
+        local = rank - self.first_rank
+        return local if 0 <= local < self.nproc else None
+
     def release(self) -> None:
         """Every rank of every node returned: let them leave their process group."""
-        for pipes in self.pipes:
-            if pipes.commands is not None:
-                try:
-                    os.write(pipes.commands, b"\0")
-                except OSError:
-                    pass
+        if self.group is not None:
+            self.group.release()
 
     def command(self, rank: int, kind: int, payload: bytes) -> None:
         """Write one frame into ``rank``'s command pipe (a persistent worker's task or stop)."""
-        local = rank - self.first_rank
-        commands = self.pipes[local].commands if 0 <= local < self.nproc and local not in self.exited else None
-        if commands is not None:
-            try:
-                events.send_bytes(commands, events.decode_kind(kind), payload, defer_sigint=False)
-            except OSError:  # it died: its exit is reported on its own
-                pass
+        local = self._local(rank)
+        if self.group is None or local is None or local in self.ended:
+            return
+        try:
+            self.group.send(local, events.decode_kind(kind), payload)
+        except OSError:  # it died: its exit is reported on its own
+            pass
 
     def stacks(self, ranks: list[int], timeout: float = 2.0) -> dict[int, str]:
         """Each running rank's raw stack dump (the kernel names cells and summarises it)."""
-        running = {
-            r: self.processes[r - self.first_rank].pid for r in ranks if 0 <= r - self.first_rank < self.nproc and r - self.first_rank not in self.exited
-        }
-        if self._stack_files is None or not running:
+        if self.group is None:
             return {}
-        return self._stack_files.dumps(running, timeout)  # summarised in the kernel, which has the cells' source
+        chosen = [local for local in map(self._local, ranks) if local is not None and local not in self.ended]
+        running = {local: self.group.pid(local) for local in chosen if self.group.returncode(local) is None}
+        if not running:
+            return {}
+        dumps = self.group.stack_files.dumps(running, timeout)  # summarised in the kernel, which has the cells' source
+        return {self.first_rank + local: text for local, text in dumps.items()}
 
     def signal_ranks(self, ranks: list[int], sig: int) -> None:
         """Send ``sig`` to the given global ranks of this node now (a pool's interrupt)."""
-        for rank in ranks:
-            if 0 <= rank - self.first_rank < self.nproc:
-                self._send(rank - self.first_rank, sig)
+        self._signal_locals(sig, [local for local in map(self._local, ranks) if local is not None])
 
     def stop(self, reason: str, spare: int | None = None) -> None:
         """Signal every live rank (but ``spare``, a global rank exiting by itself) per ``reason``."""
         now = time.monotonic()
         others = [local for local in range(self.nproc) if self.first_rank + local != spare]
         self._escalation.start(STOP_PLANS.get(reason, STOP_PLANS["stopped"]), others, now=now)
-        if spare is not None and 0 <= spare - self.first_rank < self.nproc:
-            self._escalation.start([(LINGER, signal.SIGKILL)], [spare - self.first_rank], keep=True, now=now)
+        spared = None if spare is None else self._local(spare)
+        if spared is not None:
+            self._escalation.start([(LINGER, signal.SIGKILL)], [spared], keep=True, now=now)
         self.on_clock(now)
 
     def next_signal_at(self) -> float | None:
-        """The next moment this wants the agent's clock: a timed signal, or the next sample."""
+        """The next moment this wants the agent's clock: a timed signal, the next sample, or (where
+        the OS has no pidfd) the next look for exits."""
+        now = time.monotonic()
         due = self._escalation.next_at()
         moments = [due] if due is not None else []
         if self._sampler is not None and not self.done:
             moments.append(self._sampler.due())
+        poll = self.group.poll() if self.group is not None else None
+        if poll is not None:
+            moments.append(now + poll)
         return min(moments) if moments else None
 
     def on_clock(self, now: float) -> None:
         self._escalation.fire(now)
         if self._sampler is not None and now >= self._sampler.due():
-            running = [self.first_rank + local for local in range(len(self.processes)) if local not in self.exited]
-            for rank, sample in self._sampler.sample(now, running).items():  # the kernel's sink shows them as a local rank's
-                self._emit(protocol.FRAME, raw=protocol.pack_frame(rank, int(events.Kind.RICH), events.dumps(rich.resources_event(sample))))
+            running = [local for local in range(self.nproc) if local not in self.ended]
+            for local, sample in self._sampler.sample(now, running).items():  # the kernel's sink shows them as a local rank's
+                payload = events.dumps(rich.resources_event(sample))
+                self._emit(protocol.FRAME, raw=protocol.pack_frame(self.first_rank + local, int(events.Kind.RICH), payload))
 
-    def _send_each(self, sig: int, locals_: list[int]) -> None:
-        for local in locals_:
-            self._send(local, sig)
+    def _signal_locals(self, sig: int, locals_: list[int]) -> None:
+        if self.group is not None:
+            self.group.signal(sig, [local for local in locals_ if local not in self.ended])  # a reaped rank is never signalled
 
-    def _send(self, local: int, sig: int) -> None:
-        proc = self.processes[local]
-        if local in self.exited or proc.exitcode is not None:  # reaped: its pid may be reused
-            return
-        self.signals_sent[local].append(sig)
-        try:
-            os.killpg(proc.pid, sig)  # the rank leads its own pgid (its DataLoader workers too)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+    def wait_ended(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for every rank to end, woken by each exit (pidfds), not a clock."""
+        deadline = time.monotonic() + grace
+        for proc in self.group.processes if self.group is not None else []:
+            proc.wait(max(0.0, deadline - time.monotonic()))
 
     def kill_and_close(self) -> None:
-        """SIGKILL whatever still runs, reap it, and free every pipe, queue and sentinel."""
-        for local in range(len(self.processes)):
-            self._send(local, signal.SIGKILL)
-        for proc in self.processes:
-            proc.join(5.0)
-        if self._context is not None:
-            self._context.close(timeout=1)
-            for queue in self._context._ret_vals.values():
-                queue.close()
-        for proc in self.processes:
-            try:
-                proc.close()
-            except ValueError:  # still running after SIGKILL (uninterruptible sleep): leave it
-                pass
-        for pipes in self.pipes:
-            pipes.close()
-        if self._stack_files is not None:
-            self._stack_files.close()
-            self._stack_files = None
-        self.processes, self.pipes = [], []
+        """SIGKILL whatever still runs, reap it, and free every pipe, pidfd and stack file."""
+        for fd in list(self._watched):
+            self.remove_reader(fd)
+        if self.group is not None:
+            self.group.detach(self)
+            self.group.close()
+            self.group = None

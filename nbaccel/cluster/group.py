@@ -80,7 +80,7 @@ def layout(nodes: list[NodeInfo], kernel_host: str | None = None) -> list[NodeSl
 class ClusterGroupStarter(GroupStarter):
     """Starts every attempt (or pool) on the cluster's live nodes."""
 
-    start_method = "fork"  # on every node, through torch elastic's start_processes
+    start_method = "fork"  # on every node, by its agent, as one node's ranks are forked
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster

@@ -1,8 +1,10 @@
-"""The ranks of one node, started by the kernel: a private loopback rendezvous, pipes, and pids.
+"""The ranks of one node: pipes, pids and pidfds, and on one machine a private loopback rendezvous.
 
 A ``LocalRankGroup`` serves one attempt of a one-shot launch and the lifetime of a persistent
 worker pool alike. It is the ``RankGroup`` the one-node ``LocalGroupStarter`` hands to the event loop:
-its sources are each rank's stdout, stderr and event pipes and its pidfd.
+its sources are each rank's stdout, stderr and event pipes and its pidfd. A node agent starts its
+share of a launch across nodes as the same group (``start_node``: the rendezvous is the kernel's),
+and relays what the group's sources say to the kernel instead of a loop (``nbaccel.agent.node_ranks``).
 
 Example::
 
@@ -19,7 +21,7 @@ import functools
 import gc
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
@@ -37,14 +39,25 @@ _STORE_ORDER = (-1, 0)  # a rank connecting to the store is served before any ra
 class LocalRankGroup:
     """Every rank process of one attempt (or one pool), with the kernel's ends of their pipes."""
 
-    def __init__(self, rendezvous: LoopbackRendezvous, stack_files: StackFiles) -> None:
-        self.rendezvous = rendezvous
+    def __init__(
+        self,
+        rendezvous: LoopbackRendezvous | None,
+        stack_files: StackFiles,
+        device_type: str = "cpu",
+        gpus: Sequence[int] | None = None,
+        close_fds: Sequence[int] = (),
+        with_shared: bool = True,
+    ) -> None:
+        self.rendezvous = rendezvous  # None: the ranks' store is elsewhere (a node agent's: the kernel's)
         self.stack_files = stack_files
         self.processes: list[RankProcess] = []
         self.pipes: list[RankPipes] = []
         self._loop: RankFeed | None = None
         self._ended_streams: set[int] = set()  # fds at end of file: never watched again
-        self.gpus: tuple[int, ...] = ()  # the plan's CUDA devices, one a rank (none on CPU ranks)
+        self.device_type = device_type
+        self.gpus: tuple[int, ...] = tuple(int(g) for g in gpus or ())  # CUDA_VISIBLE_DEVICES of the ranks, one a rank
+        self._close_fds = list(close_fds)  # the starter's own fds no rank may keep (an agent's link)
+        self._with_shared = with_shared
 
     @property
     def num_processes(self) -> int:
@@ -58,47 +71,61 @@ class LocalRankGroup:
         short functions never make a process group, and the store costs milliseconds); a
         persistent one at once, since its ranks join their group before saying READY.
         """
-        group = cls(LoopbackRendezvous(plan.master_addr, plan.port), StackFiles())
-        group.gpus = tuple(plan.gpus or ()) if plan.device_type == "cuda" else ()
+        rendezvous = LoopbackRendezvous(plan.master_addr, plan.port)
+        group = cls(rendezvous, StackFiles(), plan.device_type, plan.gpus if plan.device_type == "cuda" else None)
+        environments = [_environment(plan, rendezvous, rank, attempt) for rank in range(plan.num_processes)]
+        return group._start_all(starter, job, environments, store_now=persistent)
+
+    @classmethod
+    def start_node(
+        cls, starter: RankStarter, job: Job, environments: Sequence[dict[str, str]], device_type: str, gpus: Sequence[int] | None, close_fds: Sequence[int]
+    ) -> LocalRankGroup:
+        """Start one node's share of a launch across nodes: rank ``i`` of the group gets
+        ``environments[i]`` (its ``RANK`` the launch's; its store the kernel's, so no rendezvous
+        here). ``gpus``: the ranks' CUDA_VISIBLE_DEVICES, None for the node's own order. Big values
+        come in-band (no fd socket): they crossed the network already."""
+        group = cls(None, StackFiles(), device_type, gpus, close_fds=close_fds, with_shared=False)
+        return group._start_all(starter, job, environments, store_now=False)
+
+    def _start_all(self, starter: RankStarter, job: Job, environments: Sequence[dict[str, str]], store_now: bool) -> LocalRankGroup:
         # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
         # stays shared instead of being copied page by page into every rank (copy-on-write).
         gc.freeze()
         try:
             try:
-                for rank in range(plan.num_processes):
-                    env = _environment(plan, group.rendezvous, rank, attempt)
-                    env[STACK_FILE_VARIABLE] = group.stack_files.path(rank)
-                    group._start_rank(starter, job, rank, env)
-                if persistent:  # after the forks: the ranks are starting while the store comes up
-                    group.rendezvous.start_store(plan.num_processes)
+                for index, env in enumerate(environments):
+                    self._start_rank(starter, job, index, {**env, STACK_FILE_VARIABLE: self.stack_files.path(index)})
+                if store_now and self.rendezvous is not None:  # after the forks: the ranks are starting while the store comes up
+                    self.rendezvous.start_store(len(environments))
             finally:
                 gc.unfreeze()  # only the ranks keep them frozen; the kernel collects as before
                 starter.release()
         except BaseException:  # an interrupt too, wherever it lands (unfreezing takes a while): no rank is left
-            group.close()
+            self.close()
             raise
-        return group
+        return self
 
-    def _start_rank(self, starter: RankStarter, job: Job, rank: int, env: dict[str, str]) -> None:
-        parent_ends, child_ends = open_rank_pipes(rank, with_commands=True, with_shared=True)
+    def _start_rank(self, starter: RankStarter, job: Job, index: int, env: dict[str, str]) -> None:
+        """Start the group's rank ``index`` (the launch's rank ``RANK``: the same on one node)."""
+        parent_ends, child_ends = open_rank_pipes(index, with_commands=True, with_shared=self._with_shared)
         self.pipes.append(parent_ends)
         # The rank must not hold the kernel's ends of any rank's pipes (EOF would never come),
-        # nor the rendezvous socket (the port would outlive the launch).
-        inherited = [fd for p in self.pipes for fd in p.all_fds]
+        # nor the rendezvous socket (the port would outlive the launch), nor its starter's own.
+        inherited = [fd for p in self.pipes for fd in p.all_fds] + self._close_fds
         inherited += [p.shared.sock.fileno() for p in self.pipes if p.shared is not None]
-        if self.rendezvous.listen_fd is not None:
+        if self.rendezvous is not None and self.rendezvous.listen_fd is not None:
             inherited.append(self.rendezvous.listen_fd)
         try:
-            pid = starter.start(job, rank, env, child_ends, inherited)
+            pid = starter.start(job, int(env.get("RANK", index)), env, child_ends, inherited)
         finally:
             close_child_ends(child_ends)
-        self.processes.append(starter.process(rank, pid))
+        self.processes.append(starter.process(index, pid))
 
     # -- feeding the loop ------------------------------------------------------------------------
 
     def attach(self, loop: RankFeed) -> None:
         self._loop = loop
-        if self.rendezvous.listen_fd is not None and not self.rendezvous.store_started:
+        if self.rendezvous is not None and self.rendezvous.listen_fd is not None and not self.rendezvous.store_started:
             loop.add_reader(self.rendezvous.listen_fd, self._start_store, _STORE_ORDER)
         for proc, pipes in zip(self.processes, self.pipes, strict=True):
             if proc.returncode is not None:
@@ -123,7 +150,7 @@ class LocalRankGroup:
         return _NO_PIDFD_POLL if waiting else None
 
     def _start_store(self) -> None:
-        assert self._loop is not None
+        assert self._loop is not None and self.rendezvous is not None
         self._loop.remove_reader(self.rendezvous.listen_fd)  # type: ignore[arg-type]  # before the store takes it
         self.rendezvous.start_store(self.num_processes)
 
@@ -188,9 +215,8 @@ class LocalRankGroup:
         return {p.rank: p.pid for p in self.processes if p.returncode is None}
 
     def local_gpus(self) -> dict[int, int]:
-        """Rank -> the CUDA index (as the kernel sees it) of each rank on a GPU: rank r uses
-        ``cuda:r`` of its CUDA_VISIBLE_DEVICES, the plan's ``gpus``, so the kernel's ``gpus[r]``."""
-        return dict(enumerate(self.gpus)) if self.gpus else {}
+        """Rank -> the CUDA index (as this process sees it) of each rank on a GPU (``gpu_map``)."""
+        return gpu_map(self.device_type, self.gpus, self.num_processes)
 
     def stacks(self, ranks: Iterable[int]) -> dict[int, RankStack]:
         running = {rank: self.processes[rank].pid for rank in ranks if self.processes[rank].returncode is None}
@@ -217,8 +243,8 @@ class LocalRankGroup:
 
     @property
     def shares_memory(self) -> bool:
-        """Big values can travel to these ranks as memfds (they are on this machine)."""
-        return True
+        """Big values can travel to these ranks as memfds (they are on this machine, with an fd socket)."""
+        return self._with_shared
 
     def kill(self) -> None:
         """SIGKILL every rank not yet reaped, and reap it."""
@@ -234,12 +260,35 @@ class LocalRankGroup:
     def close(self) -> None:
         """Kill what still runs, then free the port, the pipes and the pidfds."""
         self.kill()
-        self.rendezvous.close()
+        self.close_handles()
+
+    def close_handles(self) -> None:
+        """Free the port, the stack files, the pipes and the pidfds (the ranks are reaped, or not ours)."""
+        if self.rendezvous is not None:
+            self.rendezvous.close()
         self.stack_files.close()
         for pipes in self.pipes:
             pipes.close()
         for proc in self.processes:
             proc.close()
+
+
+def gpu_map(device_type: str, gpus: Sequence[int] | None, num_processes: int) -> dict[int, int]:
+    """Rank -> the CUDA index (as the starting process sees it) of each of a group's ranks on a GPU.
+
+    Rank r uses ``cuda:r`` of its CUDA_VISIBLE_DEVICES, which is ``gpus`` (the kernel's plan on one
+    node, a node agent's spec when it names them), so index ``gpus[r]`` here; without ``gpus``,
+    the node's own order: ``r``. CPU ranks have none. The one map, on one node and on an agent.
+
+    Example:
+        >>> gpu_map("cuda", [2, 3], 2), gpu_map("cuda", None, 2), gpu_map("cpu", None, 2)
+        ({0: 2, 1: 3}, {0: 0, 1: 1}, {})
+    """
+    if device_type != "cuda":
+        return {}
+    if not gpus:
+        return {rank: rank for rank in range(num_processes)}
+    return {rank: int(gpus[rank]) for rank in range(min(num_processes, len(gpus)))}
 
 
 def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, attempt: int) -> dict[str, str]:

@@ -1,29 +1,32 @@
-"""What a rank on a remote node runs: torch elastic forks it, nbaccel's rank bootstrap takes over.
+"""What a rank a node agent forked runs: the launch's job, unpickled in the rank itself.
 
-The agent hands this function to ``torch.distributed.elastic.multiprocessing.start_processes``
-(fork). Elastic has already exported the rank's environment; from here on the rank is set up
-exactly as a one-node rank is (``nbaccel.worker.run_rank``: own process group, death with its
-parent, default signal handlers instead of elastic's inherited SIGTERM handler, stdio and rich
-output into its pipes to the agent). The job arrives cloudpickled; it was verified by the agent
-before the fork and is unpickled here, in the rank, so a job that cannot be unpickled on this
-node is that rank's error, reported like any other.
+The agent starts its ranks as one node's are (``LocalRankGroup`` and the ``ForkStarter``): the
+rank's bootstrap (``nbaccel.rank.bootstrap.run_rank``: own process group, death with its parent,
+default signal handlers, stdio and rich output into its pipes to the agent) runs this job. The
+launch's job arrives cloudpickled; it was verified by the agent before the fork and is unpickled
+here, in the rank, so a job that cannot be unpickled on this node is that rank's error, reported
+like any other, and the agent never unpickles anything.
 
-Example (what the agent passes to start_processes, per local rank)::
+Example (what the agent starts on each local rank)::
 
-    args = {local_rank: (job_bytes, env, child_ends, close_fds, os.getpid())}
+    group = LocalRankGroup.start_node(ForkStarter(), remote_job(job_bytes), environments, ...)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from nbaccel.rank.bootstrap import run_rank
 from nbaccel.wire.job import ChildEnds, Job
 
 
-def run_remote_rank(job_bytes: bytes, env: dict[str, str], ends: ChildEnds, close_fds: list[int], agent_pid: int) -> None:
-    """Become the rank described by ``env`` and run the job; never returns (the process exits)."""
-    run_rank(Job(_call_pickled, (job_bytes,), pass_ends=True), int(env["RANK"]), env, ends, close_fds, agent_pid)
+def remote_job(job_bytes: bytes) -> Job:
+    """The job a node's rank runs: unpickle the launch's job there, then call it.
+
+    Example:
+        >>> remote_job(b"...").args
+        (b'...',)
+    """
+    return Job(_call_pickled, (job_bytes,), pass_ends=True)
 
 
 def _call_pickled(ends: ChildEnds, job_bytes: bytes) -> Any:

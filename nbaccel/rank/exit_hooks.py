@@ -16,8 +16,8 @@ then multiprocessing's exit function (finalizers: queue feeders flush and join; 
 own children are joined), within ``NBACCEL_EXIT_TIMEOUT`` seconds (default 10): a handler that
 hangs past that gets one line on stderr and the rank exits anyway.
 
-A rank on another node is already a multiprocessing child of its agent (torch elastic forks it
-through ``multiprocessing``); ``start`` then leaves its identity as multiprocessing made it.
+A process multiprocessing itself forked already is such a child; ``start`` then leaves its
+identity as multiprocessing made it.
 
 Example (what ``run_rank`` does)::
 
@@ -71,8 +71,8 @@ def _unregister(func: Callable[..., Any], /) -> None:
 
 
 def _started_by_multiprocessing(parent_pid: int) -> bool:
-    """True when multiprocessing itself forked this process from ``parent_pid`` (a node agent's
-    rank: torch elastic's ``start_processes``), so its after-fork hooks already ran."""
+    """True when multiprocessing itself forked this process from ``parent_pid``, so its after-fork
+    hooks already ran."""
     current = sys.modules["multiprocessing"].current_process()
     return getattr(current, "_parent_pid", None) == parent_pid
 

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.timeout(120)
 # The agent, with the device map of a CUDA launch (only the map: its ranks stay on gloo).
 AGENT = """
 import sys
-from nbaccel.agent import node_ranks
-node_ranks.NodeRanks._cuda_indices = lambda self: {self.first_rank + local: local for local in range(self.nproc)}
+from nbaccel.launch.group import LocalRankGroup
+LocalRankGroup.local_gpus = lambda self: {local: local for local in range(self.num_processes)}
 from nbaccel.agent.cli import main
 raise SystemExit(main(sys.argv[1:]))
 """

@@ -137,15 +137,13 @@ def test_the_kernel_never_loads_the_cuda_driver_to_sample(use_file: Path, childr
 
 
 def test_a_node_agent_maps_its_cuda_ranks_as_its_own_cuda_visible_devices_shows_them() -> None:
-    from nbaccel.agent.node_ranks import NodeRanks
+    from nbaccel.launch.group import gpu_map
 
-    def ranks(device_type: str, gpus: list[int] | None) -> dict[int, int]:
-        spec = {"launch": "x", "first_rank": 4, "nproc": 2, "device_type": device_type, "gpus": gpus}
-        return NodeRanks(spec, b"", lambda *a, **k: None, None, [])._cuda_indices()
-
-    assert ranks("cuda", None) == {4: 0, 5: 1}  # local rank l on cuda:l of the agent's devices
-    assert ranks("cuda", [3, 1]) == {4: 3, 5: 1}  # a spec that names the devices
-    assert ranks("cpu", None) == {}  # gloo ranks: NVML is never asked
+    # The agent's group numbers its ranks 0..nproc-1 (it sends them as first_rank + l).
+    assert gpu_map("cuda", None, 2) == {0: 0, 1: 1}  # local rank l on cuda:l of the agent's devices
+    assert gpu_map("cuda", [3, 1], 2) == {0: 3, 1: 1}  # a spec that names the devices
+    assert gpu_map("cpu", None, 2) == {}  # gloo ranks: NVML is never asked
+    assert gpu_map("cuda", [5], 2) == {0: 5}  # fewer devices than ranks: only those named
 
 
 def test_distributed_status_of_workers_shows_what_nvml_lists_for_each_worker(use_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
