@@ -143,9 +143,8 @@ def _forget_kernel_state() -> None:
             acc_state.GradientState._reset_state()
         except Exception:  # noqa: BLE001 - best effort: only older/newer Accelerate lacks these
             pass
-    torch_cuda = sys.modules.get("torch.cuda")
-    if torch_cuda is not None and hasattr(torch_cuda, "_cached_device_count"):
-        torch_cuda._cached_device_count = None  # type: ignore[attr-defined]  # CUDA_VISIBLE_DEVICES may differ
+    # torch's cached device count needs no reset: torch (>= 2.1) caches it only once CUDA is
+    # initialised, and a process with CUDA initialised is never forked (launch/preflight.py).
 
 
 def _pin_device(env: dict[str, str]) -> None:

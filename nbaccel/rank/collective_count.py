@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import _thread
+import functools
 import os
 import sys
 import threading
@@ -54,28 +55,39 @@ def answer_path(stack_file: str) -> str:
 def start_answering(stack_file: str) -> None:
     """Answer for the rank's count once it has a default process group, for the rank's lifetime.
 
-    The pipe and the thread are made when the first default group is set (torch's
-    ``distributed_c10d._update_default_pg``, which ``init_process_group`` calls however it was
-    imported): a rank that never makes a group has nothing to count, and would pay a thread and
-    a FIFO at its start for nothing. A torch without that function gets them at once.
+    The pipe and the thread are made when the first default group is: torch's public
+    ``init_process_group`` is wrapped, once ``torch.distributed`` is imported, in each module of
+    torch that holds it (``torch.distributed`` and ``distributed_c10d``, where user code and
+    libraries call it, and ``device_mesh``, where ``init_device_mesh`` does), and given back after
+    the first group is made. A rank that never makes a group has nothing to count, and would pay
+    a thread and a FIFO at its start for nothing; a torch without ``torch.distributed`` has none.
     """
-    when_imported("torch.distributed.distributed_c10d", lambda c10d: _on_first_group(c10d, stack_file))
+    when_imported("torch.distributed", lambda dist: _on_first_group(dist, stack_file))
 
 
-def _on_first_group(c10d: Any, stack_file: str) -> None:
-    update = getattr(c10d, "_update_default_pg", None)
-    if not callable(update):
-        _start(stack_file)
+_HOLDERS = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
+
+
+def _on_first_group(dist: Any, stack_file: str) -> None:
+    original = getattr(dist, "init_process_group", None)
+    if not callable(original):  # a torch built without distributed: no group will ever be made
         return
+    holders: list[Any] = [m for m in map(sys.modules.get, _HOLDERS) if m is not None and getattr(m, "init_process_group", None) is original]
+    started: list[bool] = []
 
-    def update_default_group(pg: Any, *args: Any, **kwargs: Any) -> Any:
-        result = update(pg, *args, **kwargs)
-        if pg is not None and c10d._update_default_pg is update_default_group:
-            c10d._update_default_pg = update  # once: the thread answers for every later group too
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        for module in holders:  # once: the thread answers for every later group too
+            if getattr(module, "init_process_group", None) is init_process_group:
+                module.init_process_group = original
+        if not started:  # a caller that kept this wrapper may make a group again after destroying one
+            started.append(True)
             _start(stack_file)
         return result
 
-    c10d._update_default_pg = update_default_group
+    for module in holders:
+        module.init_process_group = init_process_group
 
 
 def _start(stack_file: str) -> None:
