@@ -1,5 +1,16 @@
 """What tests of nbaccel (and of code built on it) stand on, instead of internal module paths.
 
+The test-only switches of nbaccel are all here, by name, so that nothing else in the package is
+changed by a test:
+
+- ``mark_not_fork_safe`` / ``mark_fork_safe`` / ``not_fork_safe``: this kernel counts as unsafe
+  to fork (as if CUDA were initialised), so launches take the fork server or spawn without a GPU.
+- ``TIME_SCALE_VARIABLE`` (``NBACCEL_TEST_TIME_SCALE``): how much longer a test's time bounds are.
+- ``CLOCK_SKEW_VARIABLE`` (``NBACCEL_TEST_CLOCK_SKEW_NS``): in the environment of a process when it
+  starts (a node agent, say), that process's clock reads that many nanoseconds ahead, its
+  profiler traces too, as a machine whose clock is off would; read once, when
+  ``nbaccel.net.clock`` is first imported. ``skewed_clock_environment`` makes such an environment.
+
 Example:
     >>> sink = CollectingSink()
     >>> sink.output(0, "stdout", ["hello"])
@@ -15,14 +26,30 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from nbaccel.launch import preflight
+from nbaccel.net.clock import TEST_SKEW_ENV
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.state import reset_all_states
 
-__all__ = ["TIME_SCALE_VARIABLE", "CollectingSink", "mark_fork_safe", "mark_not_fork_safe", "nbaccel_frames", "reset_all_states", "scaled", "time_scale"]
+__all__ = [
+    "CLOCK_SKEW_VARIABLE",
+    "TIME_SCALE_VARIABLE",
+    "CollectingSink",
+    "mark_fork_safe",
+    "mark_not_fork_safe",
+    "nbaccel_frames",
+    "not_fork_safe",
+    "reset_all_states",
+    "scaled",
+    "skewed_clock_environment",
+    "time_scale",
+]
 
 TIME_SCALE_VARIABLE = "NBACCEL_TEST_TIME_SCALE"
+CLOCK_SKEW_VARIABLE = TEST_SKEW_ENV  # "NBACCEL_TEST_CLOCK_SKEW_NS", read once at a process's start
 _CI_SCALE = 2.0  # a shared CI runner is slower than a developer's machine, and less predictable
 _MOST_LOAD_SCALE = 4.0
 
@@ -44,12 +71,42 @@ def mark_not_fork_safe(reason: str = "this kernel was marked not fork-safe by nb
         >>> fork_hazards()
         []
     """
-    preflight.marked_unsafe[:] = [reason]
+    preflight.pretend_unsafe(reason)
 
 
 def mark_fork_safe() -> None:
     """Undo `mark_not_fork_safe` (real hazards, such as CUDA, still count)."""
-    preflight.marked_unsafe.clear()
+    preflight.pretend_unsafe(None)
+
+
+@contextmanager
+def not_fork_safe(reason: str = "this kernel was marked not fork-safe by nbaccel.testing") -> Iterator[None]:
+    """`mark_not_fork_safe` for the ``with`` block only: undone however the block ends.
+
+    Example:
+        >>> from nbaccel.launch.preflight import fork_hazards
+        >>> with not_fork_safe("CUDA is initialised (pretend)"):
+        ...     fork_hazards()
+        ['CUDA is initialised (pretend)']
+        >>> fork_hazards()
+        []
+    """
+    mark_not_fork_safe(reason)
+    try:
+        yield
+    finally:
+        mark_fork_safe()
+
+
+def skewed_clock_environment(skew_ns: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) for a process whose clock should read ``skew_ns``
+    nanoseconds ahead: start a node agent with it to stand for a machine whose clock is off.
+
+    Example:
+        >>> skewed_clock_environment(5 * 10**9, {})
+        {'NBACCEL_TEST_CLOCK_SKEW_NS': '5000000000'}
+    """
+    return {**(os.environ if environ is None else environ), CLOCK_SKEW_VARIABLE: str(int(skew_ns))}
 
 
 def nbaccel_frames(traceback_text: str) -> list[str]:

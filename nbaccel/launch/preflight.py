@@ -14,8 +14,16 @@ from nbaccel.devices import driver, nvml
 from nbaccel.errors import PreflightError
 from nbaccel.launch.openmp import openmp_pool_started
 
-# Reasons set by nbaccel.testing.mark_not_fork_safe: a kernel made unsafe without a GPU.
-marked_unsafe: list[str] = []
+# A test-only switch, set through nbaccel.testing (mark_not_fork_safe, not_fork_safe): the
+# reason this process counts as unsafe to fork without a GPU, or None.
+_pretended: str | None = None
+
+
+def pretend_unsafe(reason: str | None) -> None:
+    """Count this process as unsafe to fork (as if CUDA were initialised) for ``reason``; None
+    ends it. The switch behind ``nbaccel.testing.mark_not_fork_safe``: call that instead."""
+    global _pretended
+    _pretended = reason
 
 
 class Hazard(str):
@@ -47,7 +55,7 @@ def fork_hazards() -> list[Hazard]:
     to find out: torch is inspected only if imported, the CUDA driver is asked without ``cuInit``
     (``nbaccel.devices.driver``), and libgomp's threads are read off ``/proc`` (``launch.openmp``).
     """
-    hazards = [Hazard("cuda", reason) for reason in marked_unsafe] + _cuda_hazards()  # marked: as if CUDA were initialised
+    hazards = ([] if _pretended is None else [Hazard("cuda", _pretended)]) + _cuda_hazards()  # marked: as if CUDA were initialised
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is not None and dist.is_available() and dist.is_initialized():

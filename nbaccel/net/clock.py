@@ -12,9 +12,11 @@ The true offset lies within half the round trip of the estimate whatever the del
 a few samples the one with the smallest round trip is kept (``NodeClock.best``). A node's time
 ``t`` is the kernel's ``t - offset``.
 
-``NBACCEL_TEST_CLOCK_SKEW_NS`` is a test seam, nothing else: a process that has it in its
-environment reads ``now_ns()`` that many nanoseconds ahead, so an agent on loopback answers
-probes, and its ranks stamp their traces, as a machine whose clock is really off would.
+``NBACCEL_TEST_CLOCK_SKEW_NS`` is a test seam, nothing else (``nbaccel.testing`` lists it): a
+process that has it in its environment when this module is imported reads ``now_ns()`` that many
+nanoseconds ahead, and ``skew_trace`` moves its profiler traces as far, so an agent on loopback
+answers probes, and its ranks stamp their traces, as a machine whose clock is really off would.
+It is read once, at start (``read_test_skew``); ``now_ns`` adds a number, nothing more.
 
 Example:
     >>> probe = ClockSample(t0=1_000_000, t1=6_100_000, t2=6_200_000, t3=1_300_000)  # 5 ms ahead
@@ -30,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -57,9 +60,50 @@ def skew_ns(environ: Mapping[str, str] | None = None) -> int:
         raise ValueError(f"{TEST_SKEW_ENV}={value!r} is not a whole number of nanoseconds; it is a test seam: unset it, or give e.g. 5000000000") from None
 
 
+def read_test_skew(environ: Mapping[str, str] | None = None) -> int:
+    """Read the test seam (this process's environment by default) and use it from now on; done
+    once when this module is imported, so a process keeps the skew it started with.
+
+    Example:
+        >>> before = test_skew()
+        >>> read_test_skew({TEST_SKEW_ENV: "7"}), test_skew()
+        (7, 7)
+        >>> read_test_skew({TEST_SKEW_ENV: str(before)}) == before
+        True
+    """
+    global _skew
+    _skew = skew_ns(environ)
+    return _skew
+
+
+def test_skew() -> int:
+    """The skew this process's clock runs with (0 but under the test seam)."""
+    return _skew
+
+
 def now_ns() -> int:
     """This machine's realtime clock in Unix-epoch ns, as torch.profiler stamps traces (plus the test skew)."""
-    return time.time_ns() + skew_ns()
+    return time.time_ns() + _skew
+
+
+_BASE_TIME = re.compile(r'"baseTimeNanoseconds":\s*(\d+)')
+
+
+def skew_trace(trace: str) -> str:
+    """A Chrome trace torch.profiler wrote in this process, as this process's clock stamps it:
+    unchanged (and not parsed) but under the test seam, which moves its base time by the skew.
+    torch's profiler reads CLOCK_REALTIME in C++, which cannot be shifted from outside.
+
+    Example:
+        >>> read_test_skew({TEST_SKEW_ENV: "5"})
+        5
+        >>> skew_trace('{"baseTimeNanoseconds": 1000, "traceEvents": []}')
+        '{"baseTimeNanoseconds": 1005, "traceEvents": []}'
+        >>> _ = read_test_skew()  # back to what this process started with
+    """
+    if not _skew:
+        return trace
+    return _BASE_TIME.sub(lambda m: f'"baseTimeNanoseconds": {int(m.group(1)) + _skew}', trace, count=1)
 
 
 @dataclass(frozen=True)
@@ -143,3 +187,7 @@ def answer(probe: Mapping[str, Any], received_ns: int) -> dict[str, int]:
 def sample_of(reply: Mapping[str, Any], received_ns: int) -> ClockSample:
     """The sample an answer (``answer``'s dict) makes with the kernel's ``received_ns``."""
     return ClockSample(int(reply["t0"]), int(reply["t1"]), int(reply["t2"]), received_ns)
+
+
+_skew = 0
+read_test_skew()  # once, at start: a process keeps the clock it started with

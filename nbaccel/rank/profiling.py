@@ -10,10 +10,9 @@ A rank stopped by SIGTERM after a peer's failure exports first, then dies of tha
 would have. Only a rank killed by SIGKILL (or stuck in C code until then) leaves no trace.
 
 The span's ends are read on the clock torch stamps its events with (``nbaccel.net.clock.now_ns``,
-the realtime clock); the kernel shifts a remote rank's times by its node's measured offset. Under
-the test seam ``NBACCEL_TEST_CLOCK_SKEW_NS`` the trace's ``baseTimeNanoseconds`` is moved by the
-skew here, where nbaccel reads the trace: torch's profiler reads CLOCK_REALTIME in C++ and cannot
-be shifted from outside, and this way the rank's every time is skewed as a skewed machine's would be.
+the realtime clock), and the trace is read as that clock stamps it (``clock.skew_trace``: as
+written, but under the test seam ``NBACCEL_TEST_CLOCK_SKEW_NS``); the kernel shifts a remote
+rank's times by its node's measured offset.
 
 Nothing here runs, and torch.profiler is never imported, without ``--profile``.
 
@@ -25,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import sys
@@ -119,24 +117,9 @@ def _export(profiler: Any) -> str:
     try:
         profiler.export_chrome_trace(path)
         with open(path, encoding="utf-8") as file:
-            return _skewed(file.read(), clock.skew_ns())
+            return clock.skew_trace(file.read())
     finally:
         os.unlink(path)
-
-
-_BASE_TIME = re.compile(r'"baseTimeNanoseconds":\s*(\d+)')
-
-
-def _skewed(trace: str, skew_ns: int) -> str:
-    """The trace with its base time moved by the test seam's skew (unchanged, and not parsed, without one).
-
-    Example:
-        >>> _skewed('{"baseTimeNanoseconds": 1000, "traceEvents": []}', 5)
-        '{"baseTimeNanoseconds": 1005, "traceEvents": []}'
-    """
-    if not skew_ns:
-        return trace
-    return _BASE_TIME.sub(lambda m: f'"baseTimeNanoseconds": {int(m.group(1)) + skew_ns}', trace, count=1)
 
 
 def _rank() -> int:

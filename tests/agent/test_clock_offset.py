@@ -1,13 +1,16 @@
 """A node's clock offset, unit level: the NTP arithmetic, the best of a few samples, the test seam,
 and a probe answered over a real signed link.
 
-Imports internals (net.clock, net.link): it tests those units directly, below the public face.
+Imports internals (net.clock, net.link) and the seam's switch in nbaccel.testing: it tests those units directly, below the public face.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,6 +18,7 @@ from nbaccel.net import clock, protocol
 from nbaccel.net.clock import ClockSample, NodeClock
 from nbaccel.net.link import Link
 from nbaccel.net.signing import new_secret
+from nbaccel.testing import scaled, skewed_clock_environment
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -60,17 +64,39 @@ def test_a_clock_stepped_between_the_readings_teaches_nothing() -> None:
     assert node.count == 0 and node.best is None
 
 
-def test_the_seam_shifts_now_and_a_bad_value_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(clock.TEST_SKEW_ENV, raising=False)
+@pytest.fixture
+def own_skew() -> Iterator[None]:
+    """Whatever a test sets through the seam, this process gets back the skew it started with."""
+    try:
+        yield
+    finally:
+        clock.read_test_skew()
+
+
+def test_the_seam_shifts_now_and_a_bad_value_is_refused_clearly(own_skew: None) -> None:
+    clock.read_test_skew({})
     plain = clock.now_ns()
-    monkeypatch.setenv(clock.TEST_SKEW_ENV, str(5 * 10**9))
+    clock.read_test_skew({clock.TEST_SKEW_ENV: str(5 * 10**9)})
     assert 5 * 10**9 <= clock.now_ns() - plain < 5 * 10**9 + 10**9
-    monkeypatch.setenv(clock.TEST_SKEW_ENV, "5s")
     with pytest.raises(ValueError, match=r"NBACCEL_TEST_CLOCK_SKEW_NS='5s' is not a whole number of nanoseconds; it is a test seam"):
-        clock.now_ns()
+        clock.read_test_skew({clock.TEST_SKEW_ENV: "5s"})
 
 
-def test_a_probe_answered_over_a_signed_link_measures_a_skewed_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_seam_is_read_once_when_a_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set later, the variable changes nothing in this process; a process started with it runs skewed."""
+    monkeypatch.setenv(clock.TEST_SKEW_ENV, str(5 * 10**9))
+    plain = clock.now_ns()
+    assert clock.now_ns() - plain < 10**9 and clock.test_skew() == 0
+    script = "from nbaccel.net import clock; print(clock.now_ns())"
+    started = subprocess.run([sys.executable, "-c", script], env=skewed_clock_environment(5 * 10**9), capture_output=True, text=True, timeout=60, check=True)
+    assert 5 * 10**9 <= int(started.stdout) - plain < 5 * 10**9 + scaled(30) * 10**9
+    refused = subprocess.run(
+        [sys.executable, "-c", script], env=skewed_clock_environment(0) | {clock.TEST_SKEW_ENV: "5s"}, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode != 0 and "NBACCEL_TEST_CLOCK_SKEW_NS='5s' is not a whole number of nanoseconds" in refused.stderr
+
+
+def test_a_probe_answered_over_a_signed_link_measures_a_skewed_peer(own_skew: None) -> None:
     """Both ends in this process: the "node" end reads its clock 2 s ahead through the seam."""
     secret = new_secret()
     left, right = socket.socketpair()
@@ -79,10 +105,10 @@ def test_a_probe_answered_over_a_signed_link_measures_a_skewed_peer(monkeypatch:
         kernel.start_session("k.a")
         node.start_session("k.a")
         kernel.send(protocol.CLOCK, {"t0": clock.now_ns()})
-        monkeypatch.setenv(clock.TEST_SKEW_ENV, str(2 * 10**9))
+        clock.read_test_skew({clock.TEST_SKEW_ENV: str(2 * 10**9)})
         (probe,) = node.receive()
         node.send(protocol.CLOCK, clock.answer(probe.json(), clock.now_ns()))
-        monkeypatch.delenv(clock.TEST_SKEW_ENV)
+        clock.read_test_skew({})
         (reply,) = kernel.receive()
         sample = clock.sample_of(reply.json(), clock.now_ns())
     finally:

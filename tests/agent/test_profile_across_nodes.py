@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from nbaccel import Cluster, notebook_launcher
-from nbaccel.net.clock import TEST_SKEW_ENV
-from nbaccel.testing import CollectingSink, scaled
+from nbaccel.testing import CollectingSink, scaled, skewed_clock_environment
 from tests.agent.harness import start_agents, stop_agents
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,7 +58,6 @@ def test_a_profiled_launch_across_two_agents_merges_every_ranks_trace_and_names_
 
 
 def _spin(seconds: float = 2.5) -> int:
-    import os
     import time
 
     held = bytearray(b"x" * (64 * 2**20))
@@ -93,7 +91,7 @@ def skewed_nodes() -> Iterator[Cluster]:
     agents = start_agents(cluster, nodes=1, nproc=2)
     try:
         cluster.wait(nodes=1, timeout=60)  # joined first: node 0 (every agent is on the kernel's address)
-        agents += start_agents(cluster, nodes=1, nproc=2, env={**os.environ, TEST_SKEW_ENV: str(SKEW_NS)})
+        agents += start_agents(cluster, nodes=1, nproc=2, env=skewed_clock_environment(SKEW_NS))
         cluster.wait(nodes=2, timeout=60)
         yield cluster
     finally:
