@@ -94,3 +94,28 @@ def test_agents_stop_their_ranks_and_exit_when_the_kernel_is_killed() -> None:
             os.unlink(info["token_file"])
         except (NameError, OSError):
             pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_an_agent_told_to_end_stops_its_ranks_first_and_exits_cleanly(sig: signal.Signals) -> None:
+    """scancel sends SIGTERM, a closed ssh session SIGHUP: the agent stops its ranks (nothing is
+    left behind, not even as an orphan), says so to the kernel (its node is lost), and exits 0."""
+    with Cluster("127.0.0.1:0") as cluster:
+        agents = start_agents(cluster, nodes=1, nproc=2)
+        try:
+            cluster.wait(nodes=1, timeout=60)
+            ranks: list[int] = []
+
+            def end_the_agent() -> None:
+                wait_until(lambda: len(descendants(agents[0].pid)) >= 2, 10)
+                ranks.extend(descendants(agents[0].pid))
+                agents[0].send_signal(sig)
+
+            threading.Thread(target=end_the_agent, daemon=True).start()
+            with pytest.raises(NodeRankFailedError, match="node 0 .* was lost"):
+                notebook_launcher(_sleep_long, cluster=cluster, output=CollectingSink())
+            assert agents[0].wait(10) == 0
+            assert len(ranks) == 2 and wait_until(lambda: not _alive(ranks), 5.0), f"ranks left running: {_alive(ranks)}"
+        finally:
+            cluster.close()
+            stop_agents(agents)
