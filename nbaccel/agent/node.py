@@ -26,7 +26,7 @@ from typing import Any
 from nbaccel import _version
 from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.node_ranks import NodeRanks
-from nbaccel.devices import nvml
+from nbaccel.devices.inventory import gpu_inventory
 from nbaccel.launch import warm
 from nbaccel.net import clock, protocol
 from nbaccel.net.link import Link, new_nonce, split_address
@@ -55,7 +55,8 @@ def visible_gpus() -> int:
     # on a busy machine, long enough to miss heartbeats), and forked ranks inherit it. No CUDA.
     import torch  # noqa: F401
 
-    return nvml.visible_count()
+    found = gpu_inventory()  # the kernel's one GPU map: a CPU-only torch counts no GPU, a ROCm one AMD's
+    return len(found.devices) if found.device_type == "cuda" else 0  # XPU nodes: not yet (their ranks would be planned as CUDA)
 
 
 def launcher_facts(started_by: str, order: int | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:

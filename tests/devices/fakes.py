@@ -110,6 +110,8 @@ static int read_use(long gpu, unsigned int *pids, unsigned long long *used, int 
             if (g == gpu && n < MAX_PROCS) { pids[n] = pid; used[n++] = strcmp(bytes, "na") ? strtoull(bytes, 0, 10) : ~0ULL; }
         } else if (!strcmp(kind, "util") && fscanf(f, "%ld %d", &g, &pct) == 2) {
             if (g == gpu) *util = pct;
+        } else if (!strcmp(kind, "mem") && fscanf(f, "%ld %31s %*s", &g, bytes) == 2) {
+            /* read by nvmlDeviceGetMemoryInfo */
         } else break;
     }
     fclose(f);
@@ -137,6 +139,22 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned int *n, void *info
 int nvmlDeviceGetComputeRunningProcesses_v2(void *h, unsigned int *n, void *infos) { return list("v2", h, n, infos, 0); }
 #endif
 int nvmlDeviceGetComputeRunningProcesses(void *h, unsigned int *n, void *infos) { return list("v1", h, n, infos, 1); }
+/* "mem <gpu> <used> <total>" lines: the device's memory in use by every process (no line: 0 of 80 GiB). */
+int nvmlDeviceGetMemoryInfo(void *h, unsigned long long *info) {
+    const char *path = getenv("FAKE_NVML_USE"); FILE *f; char kind[8]; long g, v = (long)h; unsigned long long used, total;
+    if (v < 1 || v > count_or_zero()) return 2;
+    info[0] = 80ULL << 30; info[1] = info[0]; info[2] = 0; /* total, free, used */
+    if (!path || !(f = fopen(path, "r"))) return 0;
+    while (fscanf(f, "%7s", kind) == 1) {
+        if (!strcmp(kind, "mem")) {
+            if (fscanf(f, "%ld %llu %llu", &g, &used, &total) != 3) break;
+            if (g == v - 1) { info[0] = total; info[2] = used; info[1] = total - used; }
+        } else { int c; while ((c = fgetc(f)) != EOF && c != '\n'); }
+    }
+    fclose(f);
+    return 0;
+}
+int nvmlSystemGetCudaDriverVersion_v2(int *version) { const char *v = getenv("FAKE_NVML_CUDA"); *version = atoi(v ? v : "12080"); return 0; }
 int nvmlDeviceGetUtilizationRates(void *h, unsigned int *rates) {
     unsigned int pids[MAX_PROCS]; unsigned long long used[MAX_PROCS]; int util; long v = (long)h;
     if (v < 1 || v > count_or_zero()) return 2;
@@ -173,13 +191,17 @@ def build_fake_nvml(folder: Path, process_calls: tuple[str, ...] = ("v3", "v2", 
     return _build(FAKE_NVML, folder, "libnvidia-ml.so.1", defines)
 
 
-def write_use(path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int]) -> None:
-    """Tell the fake NVML (``$FAKE_NVML_USE``) what runs: gpu -> {pid: bytes (None: not available)}, gpu -> percent.
+def write_use(
+    path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int], memory: dict[int, tuple[int, int]] | None = None
+) -> None:
+    """Tell the fake NVML (``$FAKE_NVML_USE``) what runs: gpu -> {pid: bytes (None: not available)}, gpu -> percent,
+    gpu -> (bytes used by every process, total bytes) (default 0 of 80 GiB).
 
     Written whole and renamed into place, so the fake never reads half a file.
     """
     lines = [f"proc {gpu} {pid} {'na' if used is None else used}" for gpu, found in processes.items() for pid, used in found.items()]
     lines += [f"util {gpu} {percent}" for gpu, percent in utilisation.items()]
+    lines += [f"mem {gpu} {used} {total}" for gpu, (used, total) in (memory or {}).items()]
     scratch = path.with_suffix(".new")
     scratch.write_text("\n".join(lines) + "\n")
     scratch.replace(path)
