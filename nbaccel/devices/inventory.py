@@ -159,12 +159,10 @@ def _nvidia_occupants(devices: Sequence[Device], mine: set[int]) -> dict[int, Oc
     use = GpuUse.open({d.index: d.index for d in devices})  # "rank" d.index on cuda:d.index
     if use is None:
         return {}
-    sampled = use.sample([d.index for d in devices])
     found = {}
     for device in devices:
-        listed = sampled.get(device.key)
         used, total = nvml.memory_info(device.key) or (None, None)
-        found[device.index] = _occupant(dict(listed.memory or {}) if listed else {}, mine, used, total)
+        found[device.index] = _occupant(use.processes(device.key) or {}, mine, used, total)
     return found
 
 

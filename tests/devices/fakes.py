@@ -205,3 +205,59 @@ def write_use(
     scratch = path.with_suffix(".new")
     scratch.write_text("\n".join(lines) + "\n")
     scratch.replace(path)
+
+
+def fake_kfd_tree(root: Path, gpus: list[dict[str, int | str]], cpus: int = 1) -> Path:
+    """A stand-in for ``/sys/class/kfd`` (and each GPU's ``/sys/class/drm/renderD<N>/device``) under ``root``.
+
+    KFD lists CPU nodes first (``gpu_id`` 0), then one node per GPU: each dict gives ``gpu_id``,
+    ``name`` (ISA), ``unique_id``, ``minor`` (render node), ``total``/``used`` (VRAM bytes), ``busy`` (%).
+    Also creates ``root/dev/kfd`` (a plain file: opening it stands for ROCr's open).
+    """
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    for node in range(cpus):
+        (nodes / str(node)).mkdir(parents=True, exist_ok=True)
+        (nodes / str(node) / "gpu_id").write_text("0\n")
+        (nodes / str(node) / "name").write_text("\n")
+        (nodes / str(node) / "properties").write_text("cpu_cores_count 16\nsimd_count 0\n")
+    for offset, gpu in enumerate(gpus):
+        folder = nodes / str(cpus + offset)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "gpu_id").write_text(f"{gpu['gpu_id']}\n")
+        (folder / "name").write_text(f"{gpu.get('name', 'gfx942')}\n")
+        (folder / "properties").write_text(f"cpu_cores_count 0\nsimd_count 1216\nunique_id {gpu.get('unique_id', 0)}\ndrm_render_minor {gpu['minor']}\n")
+        device = root / f"sys/class/drm/renderD{gpu['minor']}/device"
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "vendor").write_text("0x1002\n")
+        (device / "class").write_text("0x038000\n")
+        (device / "mem_info_vram_total").write_text(f"{gpu.get('total', 192 * 2**30)}\n")
+        (device / "mem_info_vram_used").write_text(f"{gpu.get('used', 0)}\n")
+        (device / "gpu_busy_percent").write_text(f"{gpu.get('busy', 0)}\n")
+    (root / "sys/class/kfd/kfd/proc").mkdir(parents=True, exist_ok=True)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev/kfd").touch()
+    return root
+
+
+def write_kfd_process(root: Path, pid: int, vram: dict[int, int]) -> None:
+    """KFD's ``proc/<pid>/vram_<gpu_id>`` files: what ``pid`` holds on each GPU (by gpu_id)."""
+    folder = root / "sys/class/kfd/kfd/proc" / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    for gpu_id, size in vram.items():
+        (folder / f"vram_{gpu_id}").write_text(f"{size}\n")
+
+
+def fake_drm_tree(root: Path, cards: list[tuple[str, int, int, str]]) -> Path:
+    """A stand-in for ``/sys/class/drm`` and ``/dev/dri`` under ``root``: (pci address, vendor, class, render node) each."""
+    for address, vendor, klass, node in cards:
+        pci = root / "sys/devices/pci0000:00" / address
+        pci.mkdir(parents=True, exist_ok=True)
+        (pci / "vendor").write_text(f"{vendor:#06x}\n")
+        (pci / "class").write_text(f"{klass:#08x}\n")
+        (pci / "device").write_text("0x0bd5\n")
+        render = root / "sys/class/drm" / node
+        render.mkdir(parents=True, exist_ok=True)
+        (render / "device").symlink_to(pci)
+        (root / "dev/dri").mkdir(parents=True, exist_ok=True)
+        (root / "dev/dri" / node).touch()
+    return root
