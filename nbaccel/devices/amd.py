@@ -59,7 +59,7 @@ def machine_gpus() -> list[AmdGpu]:
     """Every AMD GPU of this machine in ROCr's order (empty without the amdgpu driver)."""
     folder = sysfs.path(*_TOPOLOGY)
     try:
-        nodes = sorted((int(n) for n in os.listdir(folder) if n.isdigit()))
+        nodes = sorted(int(n) for n in os.listdir(folder) if n.isdigit())
     except OSError:
         return []
     gpus: list[AmdGpu] = []

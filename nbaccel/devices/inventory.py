@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nbaccel.devices import amd, intel, nvml
+from nbaccel.devices import amd, driver, intel, nvml
 from nbaccel.devices.gpu_use import GpuUse
 from nbaccel.devices.torch_build import TorchBuild, install_hint, installed_build
 
@@ -117,7 +117,7 @@ def _present(skip: str) -> dict[str, int]:
     counts = {}
     if skip != "nvidia":
         gpus = nvml.machine_gpus()
-        counts["nvidia"] = len(gpus) if gpus is not None else (nvml.visible_count({}) if nvml.driver.driver_present() else 0)
+        counts["nvidia"] = len(gpus) if gpus is not None else (nvml.visible_count({}) if driver.driver_present() else 0)
     if skip != "amd":
         counts["amd"] = len(amd.machine_gpus())
     if skip != "intel":

@@ -40,9 +40,7 @@ class ResourceSampler:
     ``gpus`` (rank -> CUDA index, as this process sees them) for ranks on a GPU of ``vendor``
     (``"nvidia"``: NVML; ``"amd"``: KFD's files)."""
 
-    def __init__(
-        self, pids: Mapping[int, int], now: float, period: float = PERIOD, gpus: Mapping[int, int] | None = None, vendor: str = "nvidia"
-    ) -> None:
+    def __init__(self, pids: Mapping[int, int], now: float, period: float = PERIOD, gpus: Mapping[int, int] | None = None, vendor: str = "nvidia") -> None:
         self.pids = dict(pids)
         self.period = period
         self.peaks: dict[int, int] = {}  # rank -> most resident bytes seen

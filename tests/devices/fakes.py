@@ -191,9 +191,7 @@ def build_fake_nvml(folder: Path, process_calls: tuple[str, ...] = ("v3", "v2", 
     return _build(FAKE_NVML, folder, "libnvidia-ml.so.1", defines)
 
 
-def write_use(
-    path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int], memory: dict[int, tuple[int, int]] | None = None
-) -> None:
+def write_use(path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int], memory: dict[int, tuple[int, int]] | None = None) -> None:
     """Tell the fake NVML (``$FAKE_NVML_USE``) what runs: gpu -> {pid: bytes (None: not available)}, gpu -> percent,
     gpu -> (bytes used by every process, total bytes) (default 0 of 80 GiB).
 

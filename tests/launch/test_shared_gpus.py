@@ -66,7 +66,9 @@ def test_memory_in_use_by_processes_nvml_does_not_list_makes_a_gpu_busy(shared_b
     write_use(shared_box, {}, {}, {0: (512 * 2**20, 80 * GIB), 3: (20 * GIB, 80 * GIB)})  # 512 MiB: the driver's own, not busy
     made = plan()
     assert made.gpus == (0, 1, 2)
-    assert made.device_notes == ("GPU 3: 20.0 GiB of 80.0 GiB in use by processes not listed here (another container's?), so it is skipped (name it in gpus= to use it anyway)",)
+    assert made.device_notes == (
+        "GPU 3: 20.0 GiB of 80.0 GiB in use by processes not listed here (another container's?), so it is skipped (name it in gpus= to use it anyway)",
+    )
 
 
 def test_gpus_given_are_obeyed_with_a_warning_for_a_busy_one(shared_box: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,7 +81,10 @@ def test_gpus_given_are_obeyed_with_a_warning_for_a_busy_one(shared_box: Path, c
 
 def test_more_ranks_than_free_gpus_is_refused_naming_the_busy_ones(shared_box: Path) -> None:
     write_use(shared_box, {0: {4242: 38 * GIB}, 1: {4343: GIB}}, {})
-    with pytest.raises(ValueError, match=r"num_processes=3 but only 2 of the 4 visible GPU\(s\) are free \(GPU 0: 38.0 GiB used by pid 4242; GPU 1: 1.0 GiB used by pid 4343\).*gpus=\[...\].*cpu=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"num_processes=3 but only 2 of the 4 visible GPU\(s\) are free \(GPU 0: 38.0 GiB used by pid 4242; GPU 1: 1.0 GiB used by pid 4343\).*gpus=\[...\].*cpu=True",
+    ):
         plan(num_processes=3)
     assert plan(num_processes=2).gpus == (2, 3)
 

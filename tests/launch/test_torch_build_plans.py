@@ -43,7 +43,12 @@ def where_am_i() -> dict[str, object]:
     import torch.distributed as dist
 
     state = nbaccel.PartialState()
-    return {"device": str(state.device), "backend": dist.get_backend(), "type": os.environ["NBACCEL_DEVICE_TYPE"], "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "device": str(state.device),
+        "backend": dist.get_backend(),
+        "type": os.environ["NBACCEL_DEVICE_TYPE"],
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def test_a_cpu_only_torch_on_a_gpu_box_runs_cpu_ranks_and_says_why(nvidia_box: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -66,7 +66,12 @@ def test_a_rocm_torch_plans_one_rank_per_amd_gpu_on_torch_cuda_and_rccl(amd_box:
     assert (plan.num_processes, plan.device_type, plan.gpus, plan.gpu_vendor, plan.device_notes) == (4, "cuda", (0, 1, 2, 3), "amd", ())
     assert default_backend(plan.device_type) == "nccl"  # RCCL, under torch's name for it
     for rank, env in enumerate(envs(plan)):
-        assert (env["HIP_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"], env["NBACCEL_DEVICE_INDEX"], env["NBACCEL_DEVICE_TYPE"]) == ("0,1,2,3", "0,1,2,3", str(rank), "cuda")
+        assert (env["HIP_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"], env["NBACCEL_DEVICE_INDEX"], env["NBACCEL_DEVICE_TYPE"]) == (
+            "0,1,2,3",
+            "0,1,2,3",
+            str(rank),
+            "cuda",
+        )
 
 
 def test_rocm_visibility_variables_of_the_kernel_carry_into_the_ranks(amd_box: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +116,10 @@ def test_a_cuda_torch_beside_amd_gpus_says_which_build_they_need(amd_box: Path, 
     monkeypatch.setattr(torch.version, "cuda", "12.6")
     plan = plan_module.make_plan(LaunchOptions(), started=0.0)
     assert plan.device_type == "cpu" and len(plan.device_notes) == 1
-    assert "is a CUDA 12.6 build; the 4 AMD GPU(s) here need a ROCm build (pip install torch --index-url https://download.pytorch.org/whl/rocm6.4)" in plan.device_notes[0]
+    assert (
+        "is a CUDA 12.6 build; the 4 AMD GPU(s) here need a ROCm build (pip install torch --index-url https://download.pytorch.org/whl/rocm6.4)"
+        in plan.device_notes[0]
+    )
 
 
 def whose_child() -> int:
