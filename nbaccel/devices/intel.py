@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +99,14 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> list[IntelGpu]:
 
 
 def ze_initialised() -> bool:
-    """True when this process holds an Intel GPU's render node open (Level Zero ran here)."""
-    nodes = {sysfs.path("dev", "dri", gpu.render_node) for gpu in machine_gpus()}
-    return bool(sysfs.open_device_files({n for n in nodes if n.exists()}))
+    """True when this process holds an Intel GPU's render node open (Level Zero ran here).
+
+    Asked before every launch: the machine's Intel render nodes are read once per root (GPUs do
+    not come and go under a running kernel), then only ``/proc/self/fd`` where there are any.
+    """
+    return bool(sysfs.open_device_files(set(_render_nodes(sysfs.root()))))
+
+
+@functools.lru_cache(maxsize=4)
+def _render_nodes(root: Path) -> tuple[Path, ...]:
+    return tuple(node for gpu in machine_gpus() if (node := root / "dev" / "dri" / gpu.render_node).exists())
