@@ -83,3 +83,19 @@ def test_install_hints_name_the_build_for_each_vendor() -> None:
     assert install_hint("nvidia", (12, 9)).endswith("/cu128")
     assert install_hint("nvidia", (11, 4)).endswith("/cu118")  # older than every index: the oldest
     assert install_hint("nvidia").endswith("/cu128") and install_hint("amd").endswith("/rocm6.4")
+
+
+def test_without_nvml_the_driver_counts_in_a_child_and_the_kernel_stays_uninitialised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    record = tmp_path / "cuinit.log"
+    monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(tmp_path / "no-libnvidia-ml.so.1"))  # a container without NVML
+    monkeypatch.setenv("NBACCEL_CUDA_DRIVER_LIBRARY", str(build_fake_cuda(tmp_path / "cuda")))
+    monkeypatch.setenv("FAKE_CUDA_RECORD", str(record))
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nbaccel.notebook_launcher(lambda: nbaccel.PartialState().device.type, output=CollectingSink()) == ["cpu", "cpu"]
+    assert "cannot use the 2 NVIDIA GPU(s) here, so the ranks run on CPU with gloo" in capsys.readouterr().out
+    assert str(os.getpid()) not in record.read_text().split()  # cuInit ran in the counting child only
