@@ -184,3 +184,33 @@ def test_a_real_launch_samples_each_amd_rank_s_gpu_memory_from_kfd(amd_box: Path
         assert listed, sink.events[rank]
         assert listed[-1]["gpu_mem"] == listed[-1]["peak_gpu_mem"] == (rank + 1) * 2**30
         assert listed[-1]["gpu_util"] == (64 if rank == 1 else 0)
+
+
+PINNED: list[int] = []  # what the stand-in set_device was asked, in each (forked) rank
+
+
+def pin_recorder(device: object) -> None:
+    PINNED.append(int(getattr(device, "index", device)))  # type: ignore[call-overload]
+
+
+def what_each_rank_got() -> dict[str, object]:
+    names = ("NBACCEL_DEVICE_TYPE", "NBACCEL_DEVICE_INDEX", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "LOCAL_RANK")
+    return {"env": {name: os.environ.get(name) for name in names}, "pinned": list(PINNED), "parent": os.getppid()}
+
+
+@pytest.mark.parametrize("vendor", ["amd", "intel"])
+def test_a_real_launch_on_stand_in_gpus_pins_each_rank_before_its_function(
+    vendor: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real forks, the plan from the stand-ins; torch's set_device is the one stand-in in the ranks
+    (this torch has no GPU): each rank pins its own device before the function runs."""
+    request.getfixturevalue("amd_box" if vendor == "amd" else "intel_box")
+    monkeypatch.setattr(torch.cuda if vendor == "amd" else torch.xpu, "set_device", pin_recorder)
+    results = nbaccel.notebook_launcher(what_each_rank_got, gpus=[2, 0], output=CollectingSink())
+    assert [r["parent"] for r in results] == [os.getpid()] * 2  # forked from this process
+    assert [r["pinned"] for r in results] == ([[0], [1]] if vendor == "amd" else [[2], [0]])
+    envs = [r["env"] for r in results]
+    if vendor == "amd":
+        assert [(e["NBACCEL_DEVICE_TYPE"], e["HIP_VISIBLE_DEVICES"], e["CUDA_VISIBLE_DEVICES"]) for e in envs] == [("cuda", "2,0", "2,0")] * 2
+    else:
+        assert [(e["NBACCEL_DEVICE_TYPE"], e["NBACCEL_DEVICE_INDEX"], e["ZE_AFFINITY_MASK"]) for e in envs] == [("xpu", "2", None), ("xpu", "0", None)]
