@@ -46,7 +46,7 @@ def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
     if chosen_gpus and found.vendor == "nvidia":
         nccl_guard(chosen_gpus)
     if options.mixed_precision == "fp8" and device_type == "cpu":
-        raise ValueError("mixed_precision='fp8' needs GPUs that support fp8 (Hopper or newer); on CPU use 'bf16' or 'no'.")
+        raise ValueError(" ".join(("mixed_precision='fp8' needs GPUs that support fp8 (Hopper or newer); on CPU use 'bf16' or 'no'.", *found.notes)))
     return plan_of(
         options,
         started,

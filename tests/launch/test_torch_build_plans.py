@@ -99,3 +99,19 @@ def test_without_nvml_the_driver_counts_in_a_child_and_the_kernel_stays_uninitia
     assert nbaccel.notebook_launcher(lambda: nbaccel.PartialState().device.type, output=CollectingSink()) == ["cpu", "cpu"]
     assert "cannot use the 2 NVIDIA GPU(s) here, so the ranks run on CPU with gloo" in capsys.readouterr().out
     assert str(os.getpid()) not in record.read_text().split()  # cuInit ran in the counting child only
+
+
+def test_fp8_on_a_cpu_only_torch_says_why_there_is_no_gpu(nvidia_box: Path) -> None:
+    with pytest.raises(ValueError, match=r"mixed_precision='fp8' needs GPUs.*CPU-only build and cannot use the 2 NVIDIA GPU"):
+        nbaccel.notebook_launcher(where_am_i, mixed_precision="fp8")
+
+
+def test_a_state_made_in_the_kernel_counts_no_gpu_a_cpu_only_torch_cannot_use(nvidia_box: Path) -> None:
+    from nbaccel.state.partial import cuda_device_count
+    from nbaccel.testing import reset_all_states
+
+    assert cuda_device_count() == 0  # NVML lists 2 GPUs; this torch could not use them
+    try:
+        assert nbaccel.PartialState().device == torch.device("cpu")
+    finally:
+        reset_all_states()
