@@ -30,18 +30,19 @@ from nbaccel.wire.sizes import gib
 DEFAULT_CPU_PROCESSES = 2
 
 
-def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
+def make_plan(options: LaunchOptions, started: float, announce: bool = True) -> LaunchPlan:
     """Decide ranks and devices for ``options`` (already valid); ``started`` is when the call began.
 
-    Each decision about a GPU (one skipped because another process uses it, GPUs this torch build
-    cannot drive) is said in one line and kept in the plan's ``device_notes``.
+    Each decision about devices (CPU ranks for want of a GPU, a GPU skipped because another
+    process uses it, GPUs this torch build cannot drive) is kept in the plan's ``device_notes``
+    and, with ``announce``, said in one line each (a plan made only to be shown says nothing).
     """
     import torch  # noqa: F401 - once here, so that the forked ranks inherit it (each importing torch costs seconds); touches no CUDA
 
     found = Inventory("cpu", "") if options.cpu else gpu_inventory()
     num_processes, chosen_gpus, notes = _ranks_and_gpus(options, found)
     device_type = found.device_type if chosen_gpus else "cpu"
-    for note in notes:
+    for note in notes if announce else ():
         say(note)
     if chosen_gpus and found.vendor == "nvidia":
         nccl_guard(chosen_gpus)
@@ -120,7 +121,7 @@ def _ranks_and_gpus(options: LaunchOptions, found: Inventory) -> tuple[int, tupl
     if num_processes is None:
         num_processes = DEFAULT_CPU_PROCESSES
         if not found.notes:  # a note already says why the ranks are CPU ones
-            say(f"no GPU visible; launching {num_processes} CPU processes on gloo.")
+            return num_processes, None, (f"no GPU visible; launching {num_processes} CPU processes on gloo.",)
     return num_processes, None, found.notes
 
 

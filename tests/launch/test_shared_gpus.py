@@ -102,3 +102,12 @@ def test_kernel_visible_devices_name_the_skipped_gpu_as_the_kernel_sees_it(share
     made = plan()
     assert made.gpus == (1,) and made.device_notes[0].startswith("GPU 0: 2.0 GiB used by pid 4242")
     assert _environment(made, LoopbackRendezvous("127.0.0.1", None), 0, 0)["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_a_plan_made_only_to_be_shown_keeps_its_notes_and_says_nothing(shared_box: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_use(shared_box, {1: {4242: GIB}}, {})
+    made = plan_module.make_plan(LaunchOptions(), started=0.0, announce=False)
+    assert made.gpus == (0, 2, 3) and made.device_notes[0].startswith("GPU 1: 1.0 GiB used by pid 4242")
+    cpu = plan_module.make_plan(LaunchOptions(cpu=True), started=0.0, announce=False)
+    assert cpu.device_notes == ("no GPU visible; launching 2 CPU processes on gloo.",)
+    assert capsys.readouterr().out == ""
