@@ -134,3 +134,20 @@ def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: s
     for answer, part in zip(seen["answers"], expected, strict=True):
         assert part in answer
     assert seen["driver"] == "not loaded" and not record.exists()
+
+
+def test_a_cluster_runs_on_its_nodes_kind_of_gpu_and_refuses_a_mix() -> None:
+    xpu = [NodeInfo(name=n, host=n, address="10.0.0.1", nproc=2, gpus=4, pid=1, device_type="xpu") for n in "ab"]
+    assert cluster_on_gpus(xpu) is True
+    mixed = [xpu[0], NodeInfo(name="c", host="c", address="10.0.0.3", nproc=2, gpus=2, pid=1)]
+    with pytest.raises(
+        ValueError, match=r"node a \(a, 10.0.0.1\) has xpu GPUs; node c \(c, 10.0.0.3\) has cuda GPUs: one launch runs on one kind of GPU.*cpu=True"
+    ):
+        cluster_on_gpus(mixed)
+
+
+def test_the_agent_joins_with_its_gpus_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node, "gpu_inventory", lambda: Inventory("xpu", "intel", tuple(Device(i, "Intel GPU 0x0bd5", i) for i in range(2))))
+    assert node.node_devices() == (2, "xpu")
+    monkeypatch.setattr(node, "gpu_inventory", lambda: Inventory("cuda", "", ()))
+    assert node.node_devices() == (0, "cpu")
