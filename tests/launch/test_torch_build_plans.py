@@ -85,20 +85,36 @@ def test_install_hints_name_the_build_for_each_vendor() -> None:
     assert install_hint("nvidia").endswith("/cu128") and install_hint("amd").endswith("/rocm6.4")
 
 
-def test_without_nvml_the_driver_counts_in_a_child_and_the_kernel_stays_uninitialised(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+NO_NVML_LAUNCH = """
+import json, os, sys
+import nbaccel
+from nbaccel.testing import CollectingSink
+print(json.dumps({"devices": nbaccel.notebook_launcher(lambda: nbaccel.PartialState().device.type, output=CollectingSink()), "pid": os.getpid()}))
+"""
+
+
+def test_without_nvml_the_driver_counts_in_a_child_and_the_kernel_stays_uninitialised(tmp_path: Path) -> None:
+    """In a fresh interpreter: loading the fake libcuda (no cuInit) would stay loaded in this one."""
+    import json
     import os
+    import subprocess
+    import sys
 
     record = tmp_path / "cuinit.log"
-    monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(tmp_path / "no-libnvidia-ml.so.1"))  # a container without NVML
-    monkeypatch.setenv("NBACCEL_CUDA_DRIVER_LIBRARY", str(build_fake_cuda(tmp_path / "cuda")))
-    monkeypatch.setenv("FAKE_CUDA_RECORD", str(record))
-    monkeypatch.setenv("FAKE_CUDA_DEVICES", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert nbaccel.notebook_launcher(lambda: nbaccel.PartialState().device.type, output=CollectingSink()) == ["cpu", "cpu"]
-    assert "cannot use the 2 NVIDIA GPU(s) here, so the ranks run on CPU with gloo" in capsys.readouterr().out
-    assert str(os.getpid()) not in record.read_text().split()  # cuInit ran in the counting child only
+    env = {
+        **os.environ,
+        "NBACCEL_NVML_LIBRARY": str(tmp_path / "no-libnvidia-ml.so.1"),  # a container without NVML
+        "NBACCEL_CUDA_DRIVER_LIBRARY": str(build_fake_cuda(tmp_path / "cuda")),
+        "FAKE_CUDA_RECORD": str(record),
+        "FAKE_CUDA_DEVICES": "2",
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    done = subprocess.run([sys.executable, "-c", NO_NVML_LAUNCH], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["devices"] == ["cpu", "cpu"]
+    assert "cannot use the 2 NVIDIA GPU(s) here, so the ranks run on CPU with gloo" in done.stdout
+    assert str(seen["pid"]) not in record.read_text().split()  # cuInit ran in the counting child only
 
 
 def test_fp8_on_a_cpu_only_torch_says_why_there_is_no_gpu(nvidia_box: Path) -> None:
