@@ -10,6 +10,8 @@ changed by a test:
   starts (a node agent, say), that process's clock reads that many nanoseconds ahead, its
   profiler traces too, as a machine whose clock is off would; read once, when
   ``nbaccel.net.clock`` is first imported. ``skewed_clock_environment`` makes such an environment.
+- ``device_root`` / ``DEVICE_ROOT_VARIABLE`` (``NBACCEL_DEVICE_ROOT``): AMD's and Intel's device
+  files read under a stand-in folder instead of ``/``.
 
 Example:
     >>> sink = CollectingSink()
@@ -24,11 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 
+from nbaccel.devices import sysfs
 from nbaccel.launch import preflight
 from nbaccel.net.clock import TEST_SKEW_ENV
 from nbaccel.output.sinks import CollectingSink
@@ -36,8 +39,10 @@ from nbaccel.state import reset_all_states
 
 __all__ = [
     "CLOCK_SKEW_VARIABLE",
+    "DEVICE_ROOT_VARIABLE",
     "TIME_SCALE_VARIABLE",
     "CollectingSink",
+    "device_root",
     "mark_fork_safe",
     "mark_not_fork_safe",
     "nbaccel_frames",
@@ -79,7 +84,7 @@ def mark_fork_safe() -> None:
     preflight.pretend_unsafe(None)
 
 
-@contextmanager
+@contextlib.contextmanager
 def not_fork_safe(reason: str = "this kernel was marked not fork-safe by nbaccel.testing") -> Iterator[None]:
     """`mark_not_fork_safe` for the ``with`` block only: undone however the block ends.
 
@@ -107,6 +112,33 @@ def skewed_clock_environment(skew_ns: int, environ: Mapping[str, str] | None = N
         {'NBACCEL_TEST_CLOCK_SKEW_NS': '5000000000'}
     """
     return {**(os.environ if environ is None else environ), CLOCK_SKEW_VARIABLE: str(int(skew_ns))}
+
+
+DEVICE_ROOT_VARIABLE = sysfs.ROOT_VARIABLE
+
+
+@contextlib.contextmanager
+def device_root(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """Read AMD's and Intel's device files under ``folder`` instead of ``/`` while inside.
+
+    The test seam for GPUs of those vendors: a stand-in tree with ``sys/class/kfd/...`` (AMD's
+    topology, each process's memory), ``sys/class/drm/renderD*/device`` (AMD's and Intel's
+    render nodes) and ``dev/kfd`` / ``dev/dri/renderD*`` (held open by an initialised runtime).
+    A new process reads ``NBACCEL_DEVICE_ROOT`` once, at import, instead.
+
+    Example:
+        >>> import tempfile
+        >>> from nbaccel.devices import amd
+        >>> with tempfile.TemporaryDirectory() as empty, device_root(empty):
+        ...     amd.machine_gpus()
+        []
+    """
+    before = sysfs.root()
+    sysfs.set_root(folder)
+    try:
+        yield
+    finally:
+        sysfs.set_root(before)
 
 
 def nbaccel_frames(traceback_text: str) -> list[str]:

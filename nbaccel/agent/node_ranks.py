@@ -37,6 +37,9 @@ from nbaccel.wire import events, rich
 from nbaccel.wire.rank_env import rank_environment
 
 Emit = Callable[..., None]  # emit(kind, body=None, raw=None)
+# Whose tools sample a node's GPU ranks, by the launch's device type: NVML for "cuda" (the spec
+# names no vendor), none for Intel's "xpu" (no per-process memory without Level Zero).
+_SAMPLED_BY = {"cuda": "nvidia", "xpu": "intel"}
 
 
 def rank_env(spec: dict[str, Any], local_rank: int, interface: str | None) -> dict[str, str]:
@@ -104,6 +107,7 @@ class NodeRanks:
             self.spec["device_type"],
             [int(g) for g in gpus] if gpus else None,
             close_fds=self._close_fds,
+            gpu_vendor=_SAMPLED_BY.get(self.spec["device_type"], ""),
         )
         self._sampler = sampler_for(self.group)
         self.group.attach(self)

@@ -47,6 +47,7 @@ class LocalRankGroup:
         gpus: Sequence[int] | None = None,
         close_fds: Sequence[int] = (),
         with_shared: bool = True,
+        gpu_vendor: str = "",
     ) -> None:
         self.rendezvous = rendezvous  # None: the ranks' store is elsewhere (a node agent's: the kernel's)
         self.stack_files = stack_files
@@ -55,7 +56,8 @@ class LocalRankGroup:
         self._loop: RankFeed | None = None
         self._ended_streams: set[int] = set()  # fds at end of file: never watched again
         self.device_type = device_type
-        self.gpus: tuple[int, ...] = tuple(int(g) for g in gpus or ())  # CUDA_VISIBLE_DEVICES of the ranks, one a rank
+        self.gpus: tuple[int, ...] = tuple(int(g) for g in gpus or ())  # the ranks' GPUs (as this process numbers them), one a rank
+        self.gpu_vendor = gpu_vendor  # whose tools sample them (nbaccel.launch.loop.sampler_for)
         self._close_fds = list(close_fds)  # the starter's own fds no rank may keep (an agent's link)
         self._with_shared = with_shared
 
@@ -72,19 +74,26 @@ class LocalRankGroup:
         persistent one at once, since its ranks join their group before saying READY.
         """
         rendezvous = LoopbackRendezvous(plan.master_addr, plan.port)
-        group = cls(rendezvous, StackFiles(), plan.device_type, plan.gpus if plan.device_type == "cuda" else None)
+        group = cls(rendezvous, StackFiles(), plan.device_type, plan.gpus if plan.device_type != "cpu" else None, gpu_vendor=plan.gpu_vendor)
         environments = [_environment(plan, rendezvous, rank, attempt) for rank in range(plan.num_processes)]
         return group._start_all(starter, job, environments, store_now=persistent)
 
     @classmethod
     def start_node(
-        cls, starter: RankStarter, job: Job, environments: Sequence[dict[str, str]], device_type: str, gpus: Sequence[int] | None, close_fds: Sequence[int]
+        cls,
+        starter: RankStarter,
+        job: Job,
+        environments: Sequence[dict[str, str]],
+        device_type: str,
+        gpus: Sequence[int] | None,
+        close_fds: Sequence[int],
+        gpu_vendor: str = "",
     ) -> LocalRankGroup:
         """Start one node's share of a launch across nodes: rank ``i`` of the group gets
         ``environments[i]`` (its ``RANK`` the launch's; its store the kernel's, so no rendezvous
         here). ``gpus``: the ranks' CUDA_VISIBLE_DEVICES, None for the node's own order. Big values
         come in-band (no fd socket): they crossed the network already."""
-        group = cls(None, StackFiles(), device_type, gpus, close_fds=close_fds, with_shared=False)
+        group = cls(None, StackFiles(), device_type, gpus, close_fds=close_fds, with_shared=False, gpu_vendor=gpu_vendor)
         return group._start_all(starter, job, environments, store_now=False)
 
     def _start_all(self, starter: RankStarter, job: Job, environments: Sequence[dict[str, str]], store_now: bool) -> LocalRankGroup:
@@ -284,7 +293,7 @@ def gpu_map(device_type: str, gpus: Sequence[int] | None, num_processes: int) ->
         >>> gpu_map("cuda", [2, 3], 2), gpu_map("cuda", None, 2), gpu_map("cpu", None, 2)
         ({0: 2, 1: 3}, {0: 0, 1: 1}, {})
     """
-    if device_type != "cuda":
+    if device_type == "cpu":
         return {}
     if not gpus:
         return {rank: rank for rank in range(num_processes)}
@@ -303,4 +312,5 @@ def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, at
         max_restarts=plan.max_restarts,
         run_id=plan.run_id,
         visible_gpus=plan.gpus,
+        gpu_vendor=plan.gpu_vendor or "nvidia",
     )

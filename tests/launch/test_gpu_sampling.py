@@ -4,7 +4,7 @@ No GPU here, and a plan that says CUDA would start ranks that cannot run; the se
 map (rank -> its cuda index): real processes (sleeping children, or a real launch's gloo ranks)
 whose pids the fake NVML lists, given a device map as a CUDA plan would give it.
 
-Imports internals (launch.sampler, launch.group, devices.nvml, agent.node_ranks, notebook.worker_tables): the public face shows none of this.
+Imports internals (launch.sampler, launch.group, devices.nvml, notebook.worker_tables): the public face shows none of this.
 """
 
 from __future__ import annotations
