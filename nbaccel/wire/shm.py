@@ -125,6 +125,8 @@ def pickler_class(base: type, attached: Attachments | None, to_cpu: bool, probe:
                 return _TAG if _big(torch, numpy, obj) else None
             if attached is None or len(attached.fds) >= _MAX_FDS:
                 return None
+            if type(obj) is Prewritten:
+                return obj.hand_over(attached)
             if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
                 return _share_tensor(torch, obj, attached, to_cpu)
             if numpy is not None and type(obj) is numpy.ndarray:
@@ -223,6 +225,50 @@ def _share_tensor(torch: Any, tensor: Any, attached: Attachments, to_cpu: bool) 
     _write_all(fd, memoryview(flat.numpy()))
     meta = (str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), tensor.requires_grad, isinstance(tensor, torch.nn.Parameter))
     return (_TAG, attached.tag, index, "tensor", meta)
+
+
+class Prewritten:
+    """A CPU tensor copied into a memfd now, pickled later as a reference to it (its fd handed over).
+
+    A rank that streams a big value (``%distributed pull`` of a sharded model: one gathered
+    parameter at a time) writes each piece here and lets go of it at once, so it never holds the
+    whole value; pickled without a mailbox, it travels in-band as the tensor.
+
+    Example:
+        >>> import torch
+        >>> Prewritten(torch.arange(3.0)).tensor().tolist()
+        [0.0, 1.0, 2.0]
+    """
+
+    def __init__(self, tensor: Any) -> None:
+        import torch
+
+        tensor = tensor.detach()
+        self.fd = os.memfd_create("nbaccel-shared", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, tensor.nbytes)
+        if tensor.nbytes:
+            _write_all(self.fd, memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
+        self.meta = (str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), False, False)
+
+    def hand_over(self, attached: Attachments) -> Any:
+        """Its reference in a payload whose fds are ``attached`` (which closes the fd from now on)."""
+        attached.fds.append(self.fd)
+        self.fd = -1
+        return (_TAG, attached.tag, len(attached.fds) - 1, "tensor", self.meta)
+
+    def tensor(self) -> Any:
+        """The tensor, mapped (no copy)."""
+        if self.fd < 0:
+            raise ValueError("this memfd was handed over to a payload already")
+        return _map_tensor(self.fd, self.meta)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # no mailbox: in-band, as the tensor itself
+        return self.tensor().clone().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _map_tensor(fd: int, meta: Any) -> Any:
