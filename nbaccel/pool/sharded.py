@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nbaccel.errors import CheckpointError
 from nbaccel.rank import checkpoint, gather, shard_place
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class SaveCheckpoint:
     names: list[str]
     partial: str
 
-    def __call__(self, namespace: dict[str, Any]) -> list[str]:
+    def __call__(self, namespace: dict[str, Any]) -> list[str] | checkpoint.Refusal:
         return checkpoint.save(namespace, self.directory, self.names, self.partial)
 
 
@@ -77,7 +78,7 @@ class LoadCheckpoint:
     directory: str
     names: list[str]
 
-    def __call__(self, namespace: dict[str, Any]) -> list[str]:
+    def __call__(self, namespace: dict[str, Any]) -> list[str] | checkpoint.Refusal:
         return checkpoint.load(namespace, self.directory, self.names)
 
 
@@ -169,7 +170,7 @@ def save(pool: WorkerPool, directory: str | os.PathLike[str], names: Sequence[st
     chosen = _check_names(names, "pool.save")
     target = os.path.abspath(os.fspath(directory))
     partial = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.partial-{uuid.uuid4().hex[:8]}")
-    pool.run_task(SaveCheckpoint(target, chosen, partial), output="text", label=f"save {target}", remember=False)
+    _raise_refusal(pool.run_task(SaveCheckpoint(target, chosen, partial), output="text", label=f"save {target}", remember=False))
     return target
 
 
@@ -177,4 +178,11 @@ def load(pool: WorkerPool, directory: str | os.PathLike[str], names: Sequence[st
     """Load ``names`` from the DCP checkpoint in ``directory``, resharded onto these ranks."""
     chosen = _check_names(names, "pool.load")
     target = os.path.abspath(os.fspath(directory))
-    pool.run_task(LoadCheckpoint(target, chosen), output="text", label=f"load {target}", remember=False)
+    _raise_refusal(pool.run_task(LoadCheckpoint(target, chosen), output="text", label=f"load {target}", remember=False))
+
+
+def _raise_refusal(answers: list[Any]) -> None:
+    """Every rank answered the same refusal (``nbaccel.rank.checkpoint``): raise it here, once."""
+    refusal = next((answer for answer in answers if isinstance(answer, checkpoint.Refusal)), None)
+    if refusal is not None:
+        raise CheckpointError(refusal.message)

@@ -53,9 +53,25 @@ def gather(value: Any, writer: int) -> Any:
 def _as_tree(value: Any) -> Any:
     """A module or an optimizer as its state dict; anything else as it is."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+    if torch is not None and isinstance(value, torch.nn.Module):
+        return resharded(value).state_dict()
+    if torch is not None and isinstance(value, torch.optim.Optimizer):
         return value.state_dict()
     return value
+
+
+def resharded(module: Any) -> Any:
+    """``module`` with its FSDP2 parts back in their shards (a local step, no collective).
+
+    FSDP2 leaves the root's parameters gathered after a forward (the backward would gather them
+    again at once); its parameters are then plain tensors of the full shape, not DTensors.
+    """
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None:
+        for part in module.modules():
+            if isinstance(part, fsdp.FSDPModule):
+                part.reshard()
+    return module
 
 
 def _leaves(tree: Any) -> Any:

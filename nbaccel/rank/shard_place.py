@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from nbaccel.rank import gather
+
 _meshes: dict[tuple[int, ...], Any] = {}  # one DeviceMesh per shape for the worker's life: each new one makes process groups
 
 
@@ -70,7 +72,7 @@ def shard_sizes(namespace: dict[str, Any]) -> dict[str, tuple[int, int]]:
     for name, value in list(namespace.items()):
         if name.startswith("_") or not isinstance(value, torch.nn.Module):
             continue
-        params = list(value.parameters())
+        params = list(gather.resharded(value).parameters())
         if not any(isinstance(p, tensor_module.DTensor) for p in params):
             continue
         held = sum(p.to_local().nbytes if isinstance(p, tensor_module.DTensor) else p.nbytes for p in params)
