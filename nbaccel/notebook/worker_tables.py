@@ -61,8 +61,10 @@ def shards_cell(shards: Mapping[str, tuple[int, int]]) -> str:
 
 
 def _size(size: int) -> str:
-    """Like ``gib``, and ``12.5 KiB`` under 1 MiB: small models are sharded too."""
-    return gib(size) if size >= _MIB else f"{size / 1024:.1f} KiB"
+    """Like ``gib``, and ``12.5 KiB`` or ``420 B`` under 1 MiB: small models are sharded too."""
+    if size >= _MIB:
+        return gib(size)
+    return f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} B"
 
 
 def _nvml_cell(s: WorkerStatus) -> str:

@@ -29,14 +29,14 @@ from nbaccel.launch.seam import GroupStarter, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
+from nbaccel.pool import sharded
 from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
 from nbaccel.pool.in_step import CollectiveCount, out_of_step
 from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
-from nbaccel.pool import sharded
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task_policy import Task, raise_stuck_error
-from nbaccel.pool.worker_calls import Assign, CallFunction, Fetch, FreeMemory, RankStatus
+from nbaccel.pool.worker_calls import Assign, CallFunction, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.wire import rich, shm

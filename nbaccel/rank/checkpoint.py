@@ -47,7 +47,7 @@ class Refusal:
 def save(namespace: dict[str, Any], directory: str, names: list[str], partial: str) -> list[str] | Refusal:
     """Write ``names`` of ``namespace`` to ``directory`` (via ``partial``, then a rename); the names."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     state: dict[str, Any] = {}
     refused = _agree(lambda: state.update({name: _state_of(namespace, name) for name in names}), lambda: _prepare(directory, partial))
@@ -56,7 +56,7 @@ def save(namespace: dict[str, Any], directory: str, names: list[str], partial: s
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
     try:
-        dcp.save(state, checkpoint_id=partial)  # every rank's shards; rank 0 writes .metadata last
+        dcp_save(state, checkpoint_id=partial)  # every rank's shards; rank 0 writes .metadata last
         dist.barrier()
     except (Exception, CheckpointException) as error:  # noqa: BLE001 - DCP raises on every rank alike (it gathers each rank's failure)
         refused = Refusal(f"saving to {directory!r} failed, and nothing was saved there: {type(error).__name__}: {_first_line(error)}")
@@ -69,8 +69,8 @@ def save(namespace: dict[str, Any], directory: str, names: list[str], partial: s
 
 def load(namespace: dict[str, Any], directory: str, names: list[str]) -> list[str] | Refusal:
     """Read ``names`` from the checkpoint in ``directory`` into ``namespace`` (resharded as it is now)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     present = [name for name in names if name in namespace]
     state: dict[str, Any] = {}
@@ -79,7 +79,7 @@ def load(namespace: dict[str, Any], directory: str, names: list[str]) -> list[st
         return refused
     try:
         if state:
-            dcp.load(state, checkpoint_id=directory)
+            dcp_load(state, checkpoint_id=directory)
         for name in present:
             _apply(namespace, name, state[name])
         missing = sorted(set(names) - set(present))
@@ -194,7 +194,9 @@ def _commit(partial: str, directory: str) -> None:
             os.rename(directory, old)
         os.rename(partial, directory)
     except OSError as error:
-        raise Refused(f"cannot save to {directory!r}: the finished checkpoint could not be moved there ({error.strerror or error}); nothing was saved") from None
+        raise Refused(
+            f"cannot save to {directory!r}: the finished checkpoint could not be moved there ({error.strerror or error}); nothing was saved"
+        ) from None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -204,10 +206,10 @@ def _check_loadable(directory: str, names: list[str], state: dict[str, Any]) -> 
     if not os.path.isfile(os.path.join(directory, _METADATA)):
         why = "does not exist" if not os.path.exists(directory) else f"holds no checkpoint (no {_METADATA})"
         raise Refused(f"cannot load from {directory!r}: it {why}; give the folder that %distributed save wrote")
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    saved: dict[str, Any] = dict(FileSystemReader(directory).read_metadata().state_dict_metadata)
     flat, _ = flatten_state_dict(state)
     absent = [name for name in names if name not in state and not any(key == name or key.startswith(name + ".") for key in saved)]
     missing = [key for key in flat if key not in saved]

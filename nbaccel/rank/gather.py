@@ -99,7 +99,8 @@ def _gather_leaf(leaf: Any, mine: bool, shared: bool) -> Any:
     from torch.distributed.tensor import DTensor
 
     if isinstance(leaf, DTensor):
-        full = leaf.detach().full_tensor()  # a collective: every rank, this leaf, now
+        sharded: Any = leaf.detach()
+        full = sharded.full_tensor()  # a collective: every rank, this leaf, now
         return _keep(full.cpu(), shared) if mine else None
     if isinstance(leaf, torch.Tensor):
         return _keep(leaf.detach().cpu(), shared) if mine else None

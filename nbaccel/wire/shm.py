@@ -263,7 +263,8 @@ class Prewritten:
         return _map_tensor(self.fd, self.meta)
 
     def __reduce__(self) -> tuple[Any, ...]:  # no mailbox: in-band, as the tensor itself
-        return self.tensor().clone().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        reduced: tuple[Any, ...] = self.tensor().clone().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return reduced
 
     def __del__(self) -> None:
         if self.fd >= 0:

@@ -226,7 +226,10 @@ def test_save_is_atomic_and_bad_paths_fail_at_once_naming_them(tmp_path) -> None
             pool.load(tmp_path, "model")
         other = torch.nn.Sequential(torch.nn.Linear(12, 4))
         pool.push(model=other, shard=True)
-        with pytest.raises(nbaccel.CheckpointError, match=r"checkpoint of something else.*in the checkpoint but not here: model.scale, model.2.weight.*shapes differ: model.0.weight: saved \(9, 12\), here \(4, 12\)"):
+        with pytest.raises(
+            nbaccel.CheckpointError,
+            match=r"checkpoint of something else.*in the checkpoint but not here: model.scale, model.2.weight.*shapes differ: model.0.weight: saved \(9, 12\), here \(4, 12\)",
+        ):
             pool.load(folder, "model")
         assert pool.run(lambda: 1 + 1) == [2, 2]  # refused on every rank in step: the workers stay
 
