@@ -123,6 +123,11 @@ class WorkerPool:
         return self._group is not None
 
     @property
+    def shares_memory(self) -> bool:
+        """Big values travel to and from these ranks as shared memory (they run on this machine)."""
+        return self._require_group().shares_memory
+
+    @property
     def num_processes(self) -> int:
         return self.plan.num_processes
 

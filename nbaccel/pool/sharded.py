@@ -1,7 +1,8 @@
 """Sharded models on persistent workers, the kernel's side: pull gathers, push shards, DCP checkpoints.
 
-- ``pull``: a value holding DTensors (FSDP2, tensor parallel, any mesh) is gathered on every rank,
-  one tensor at a time, and arrives as plain CPU tensors of the full shapes (``nbaccel.rank.gather``);
+- ``pull``: a value holding DTensors (FSDP2, tensor parallel, any mesh) is gathered: every rank
+  writes its shards in place into one shared memory region the kernel maps (ranks on another node:
+  gathered one tensor at a time), and it arrives as plain CPU tensors of the full shapes (``nbaccel.rank.gather``);
   a module arrives as its full state dict, an optimizer as its ``state_dict()``.
 - ``push_sharded``: a notebook module goes to the ranks as a skeleton on ``meta`` plus, for each
   rank, only its slice of every parameter (memfds for the big ones), and is ``fully_shard``-ed
@@ -50,6 +51,22 @@ class GatherFetch:
 
 
 @dataclass
+class GatherInto:
+    """Every rank writes its shards of ``name``'s tensors into ``region`` (mapped shared: the
+    kernel's memory); rank ``writer`` answers the rest of the value, with slots for the tensors."""
+
+    name: str
+    writer: int
+    region: Any  # a SharedRegion in the kernel; on the rank, the uint8 tensor it maps to
+    layout: list[tuple[tuple[int, ...], str]]
+
+    def __call__(self, namespace: dict[str, Any]) -> Any:
+        if self.name not in namespace:
+            raise NameError(f"name {self.name!r} is not defined on this rank; define it in a %%distributed cell first")
+        return gather.gather_into(namespace[self.name], self.writer, self.region, self.layout)
+
+
+@dataclass
 class PlaceShards:
     """One rank's part of a sharded push: the module's skeleton, its slices and the buffers."""
 
@@ -87,9 +104,19 @@ def pull(pool: WorkerPool, name: str, rank: int) -> Any:
     from nbaccel.pool.worker_calls import Fetch
 
     value = pool.run_task(Fetch(name), ranks=[rank], output="text", label=f"pull {name}", remember=False)[rank]
-    if isinstance(value, gather.ShardedValue):
-        value = pool.run_task(GatherFetch(name, rank), ranks=range(pool.num_processes), output="text", label=f"pull {name}", remember=False)[rank]
-    return value
+    if not isinstance(value, gather.ShardedValue):
+        return value
+    everyone = range(pool.num_processes)
+    if not pool.shares_memory:  # ranks on other nodes: gathered one tensor at a time, answered in-band
+        return pool.run_task(GatherFetch(name, rank), ranks=everyone, output="text", label=f"pull {name}", remember=False)[rank]
+    from nbaccel.wire.shm import SharedRegion
+
+    region = SharedRegion(gather.offsets(value.layout)[1])
+    try:
+        tree = pool.run_task(GatherInto(name, rank, region, value.layout), ranks=everyone, output="text", label=f"pull {name}", remember=False)[rank]
+        return gather.fill_slots(tree, region.tensor(), value.layout)
+    finally:
+        region.close()  # the mapping keeps the memory as long as the tensors live
 
 
 def check_mesh(mesh: Sequence[int] | None, world: int) -> tuple[int, ...]:

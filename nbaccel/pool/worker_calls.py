@@ -51,7 +51,7 @@ class Fetch:
             raise NameError(f"name {self.name!r} is not defined on this rank; define it in a %%distributed cell first")
         value = namespace[self.name]
         if gather.holds_dtensors(value):  # a shard is not the value: every rank gathers it (nbaccel.pool.sharded)
-            return gather.ShardedValue()
+            return gather.layout_of(value)
         return to_cpu(value)
 
 

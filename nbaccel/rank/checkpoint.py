@@ -60,6 +60,10 @@ def save(namespace: dict[str, Any], directory: str, names: list[str], partial: s
         dist.barrier()
     except (Exception, CheckpointException) as error:  # noqa: BLE001 - DCP raises on every rank alike (it gathers each rank's failure)
         refused = Refusal(f"saving to {directory!r} failed, and nothing was saved there: {type(error).__name__}: {_first_line(error)}")
+    except BaseException:  # interrupted: the partial folder goes, the target was never touched
+        if _rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     else:
         refused = _agree(lambda: None, lambda: _commit(partial, directory))
     if refused is not None and _rank() == 0:

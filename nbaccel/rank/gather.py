@@ -117,7 +117,124 @@ def _keep(tensor: Any, shared: bool) -> Any:
 
 
 class ShardedValue:
-    """What a rank answers to a plain pull of a value holding DTensors: "gather it, on every rank"."""
+    """What a rank answers to a plain pull of a value holding DTensors: "gather it, on every rank",
+    with the layout of its tensors in walk order (``(shape, dtype name)``), for a region to write into."""
+
+    def __init__(self, layout: list[tuple[tuple[int, ...], str]]) -> None:
+        self.layout = layout
 
     def __repr__(self) -> str:
         return "<sharded: pull gathers it on every rank>"
+
+
+def layout_of(value: Any) -> ShardedValue:
+    """The shapes and dtypes of ``value``'s tensors (DTensors: their full shapes), in walk order."""
+    import torch
+
+    tensors = [leaf for leaf in _leaves(_as_tree(value)) if isinstance(leaf, torch.Tensor)]
+    return ShardedValue([(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors])
+
+
+def offsets(layout: list[tuple[tuple[int, ...], str]]) -> tuple[list[int], int]:
+    """Where each tensor of ``layout`` starts in one region (64-byte aligned), and the region's size.
+
+    >>> offsets([((2, 3), "float32"), ((5,), "int64")])
+    ([0, 64], 104)
+    """
+    import torch
+
+    starts, end = [], 0
+    for shape, dtype in layout:
+        end = -(-end // 64) * 64
+        starts.append(end)
+        end += torch.Size(shape).numel() * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return starts, end
+
+
+class Slot:
+    """The place of a tensor in the region, in a gathered tree (the kernel puts the tensor there)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def gather_into(value: Any, writer: int, region: Any, layout: list[tuple[tuple[int, ...], str]]) -> Any:
+    """Every rank writes its own shards of ``value``'s tensors at their place in ``region`` (a uint8
+    tensor mapped shared with the kernel, ``nbaccel.wire.shm.SharedRegion``): no full tensor on any
+    rank, nothing but the layout sent back. Placements other than Shard and Replicate (Partial, the
+    strided shards of FSDP over tensor parallel) are gathered (``full_tensor``) and written by the
+    writer. Rank ``writer`` answers the tree, with ``Slot`` markers where the tensors are."""
+    import torch
+
+    mine = int(os.environ.get("RANK", "0")) == writer
+    starts, _ = offsets(layout)
+    shape: tuple[int, ...]
+    counter = iter(range(len(layout)))
+
+    def place(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf if mine else None
+        index = next(counter)
+        shape, dtype = layout[index]
+        _write_part(leaf, _view(region, starts[index], shape, dtype), mine)
+        return Slot(index) if mine else None
+
+    with torch.no_grad():
+        tree = _map_tree(_as_tree(value), place)
+    return tree if mine else None
+
+
+def _write_part(leaf: Any, full: Any, mine: bool) -> None:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(leaf, DTensor):
+        if mine:
+            full.copy_(leaf.detach())
+        return
+    sharded: Any = leaf.detach()
+    if not all(type(p) in (Shard, Replicate) for p in sharded.placements):
+        whole = sharded.full_tensor()  # a collective: every rank, this leaf, now
+        if mine:
+            full.copy_(whole)
+        return
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    mesh = sharded.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None or any(type(p) is Replicate and coordinate[dim] != 0 for dim, p in enumerate(sharded.placements)):
+        return  # not in this mesh, or a replica: another rank writes this part
+    local_shape, offset = compute_local_shape_and_global_offset(sharded.shape, mesh, sharded.placements)
+    if 0 in local_shape:
+        return
+    part = full[tuple(slice(start, start + size) for start, size in zip(offset, local_shape, strict=True))]
+    part.copy_(sharded.to_local())
+
+
+def _map_tree(tree: Any, leaf_function: Any) -> Any:
+    if isinstance(tree, dict):
+        return type(tree)((key, _map_tree(item, leaf_function)) for key, item in tree.items())
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_map_tree(item, leaf_function) for item in tree)
+    return leaf_function(tree)
+
+
+def fill_slots(tree: Any, region: Any, layout: list[tuple[tuple[int, ...], str]]) -> Any:
+    """The kernel's side: ``tree`` with each ``Slot`` replaced by its tensor, a view of ``region``."""
+    starts, _ = offsets(layout)
+
+    def fill(leaf: Any) -> Any:
+        if not isinstance(leaf, Slot):
+            return leaf
+        shape, dtype = layout[leaf.index]
+        return _view(region, starts[leaf.index], shape, dtype)
+
+    return _map_tree(tree, fill)
+
+
+def _view(region: Any, start: int, shape: tuple[int, ...], dtype: str) -> Any:
+    """The tensor of ``shape`` and ``dtype`` at byte ``start`` of ``region`` (a view: no copy)."""
+    import torch
+
+    kind = getattr(torch, dtype)
+    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=kind).element_size()
+    return region[start : start + nbytes].view(kind).view(shape)
