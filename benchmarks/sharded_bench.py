@@ -55,6 +55,17 @@ def full_state(width: int) -> dict[str, torch.Tensor]:
     return {f"{i}.weight": torch.full((width, width), 0.5) for i in range(LAYERS)}
 
 
+def save_plain(width: int, path: str) -> float:
+    """Seconds for ``torch.save`` of the full state dict (made before the clock starts)."""
+    state = full_state(width)
+    return timed(lambda: torch.save(state, path))
+
+
+def load_average() -> list[str]:
+    with open("/proc/loadavg") as loadavg:
+        return loadavg.read().split()[:3]
+
+
 def peak_reset() -> int:
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
@@ -112,9 +123,7 @@ def bench_checkpoint(width: int, ranks: int, runs: int, folder: str) -> dict[str
         for _ in range(runs):
             saves.append(timed(lambda: pool.save(target, "big")))
             loads.append(timed(lambda: pool.load(target, "big")))
-            state = full_state(width)
-            plain_saves.append(timed(lambda: torch.save(state, plain)))  # noqa: B023 - called at once
-            del state
+            plain_saves.append(save_plain(width, plain))
             gc.collect()
             plain_loads.append(timed(lambda: torch.load(plain)))
             gc.collect()
@@ -135,7 +144,7 @@ def main() -> None:
     os.environ.setdefault("NBACCEL_QUIET", "1")
     width = int((args.gib * 2**30 / 4 / LAYERS) ** 0.5) // 4 * 4
     size = LAYERS * width * width * 4
-    print(f"model: {LAYERS} x ({width}, {width}) float32 = {size / 2**30:.2f} GiB; load average before: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"model: {LAYERS} x ({width}, {width}) float32 = {size / 2**30:.2f} GiB; load average before: {load_average()}")
     pull = bench_pull(width, size, args.runs)
     print(
         f"pull of the sharded model (2 ranks): {pull['pull_s'] * 1e3:.0f} ms, {pull['pull_and_read_s'] * 1e3:.0f} ms with every tensor read once; "
@@ -156,7 +165,7 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"load average after: {load_average()}")
     print(json.dumps(results))
 
 

@@ -168,7 +168,6 @@ def gather_into(value: Any, writer: int, region: Any, layout: list[tuple[tuple[i
 
     mine = int(os.environ.get("RANK", "0")) == writer
     starts, _ = offsets(layout)
-    shape: tuple[int, ...]
     counter = iter(range(len(layout)))
 
     def place(leaf: Any) -> Any:
