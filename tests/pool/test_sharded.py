@@ -14,7 +14,7 @@ import torch
 
 import nbaccel
 from nbaccel import start_workers
-from nbaccel.pool.sharded import shard_tasks
+from nbaccel.pool.sharded import GatherFetch, shard_tasks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,6 +70,8 @@ def test_pull_of_a_sharded_model_optimizer_tensor_and_dict_gathers_full_plain_te
         assert list(full) == list(expected)
         for key, tensor in full.items():
             assert type(tensor) is torch.Tensor and torch.equal(tensor, expected[key]), key  # never a DTensor, never a shard
+        via_gather = pool.run_task(GatherFetch("model", writer=1), ranks=[0, 1])[1]  # the path for ranks on other nodes
+        assert list(via_gather) == list(expected) and all(torch.equal(via_gather[k], v) for k, v in expected.items())
         plain = make_model()
         plain.load_state_dict(full)  # a pulled module is its full state dict: it loads into the unsharded model
         assert torch.allclose(plain(INPUT) * plain.scale, pool.run_task(forward)[0])
