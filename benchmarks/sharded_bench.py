@@ -12,7 +12,7 @@
 
 Medians over ``--runs``, interleaved with their anchors; ratios in the same run.
 
-    python benchmarks/sharded_bench.py [--runs 5] [--gib 1.0]
+    python benchmarks/sharded_bench.py [--runs 5] [--gib 1.0] [--only pull|checkpoint]
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ def build(namespace: dict[str, Any], width: int) -> None:
 
 def full_state(width: int) -> dict[str, torch.Tensor]:
     return {f"{i}.weight": torch.full((width, width), 0.5) for i in range(LAYERS)}
+
+
+def read_once(state: dict[str, torch.Tensor]) -> None:
+    for tensor in state.values():
+        tensor.max()
 
 
 def save_plain(width: int, path: str) -> float:
@@ -98,12 +103,11 @@ def bench_pull(width: int, size: int, runs: int) -> dict[str, Any]:
             started = time.perf_counter()
             pulled = pool.pull("big")
             pulls.append(time.perf_counter() - started)
-            for tensor in pulled.values():  # the mapped memfds' pages come in as they are first read
-                tensor.max()
+            read_once(pulled)  # the mapped memfds' pages come in as they are first read
             touched.append(time.perf_counter() - started)
             peaks.append((_status("VmHWM") - base) / size)
             assert sum(t.nbytes for t in pulled.values()) == size
-            del pulled
+            del pulled  # the last reference to its memory: the next run's base does not hold it
             clones.append(timed(lambda: source.clone()))
     return {
         "pull_s": statistics.median(pulls),
@@ -140,23 +144,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--only", choices=("pull", "checkpoint"), help="one part only (the machine is shared: each part takes minutes at 1 GiB)")
     args = parser.parse_args()
     os.environ.setdefault("NBACCEL_QUIET", "1")
     width = int((args.gib * 2**30 / 4 / LAYERS) ** 0.5) // 4 * 4
     size = LAYERS * width * width * 4
     print(f"model: {LAYERS} x ({width}, {width}) float32 = {size / 2**30:.2f} GiB; load average before: {load_average()}")
-    pull = bench_pull(width, size, args.runs)
+    results: dict[str, Any] = {"size_bytes": size}
+    if args.only != "checkpoint":
+        results["pull"] = print_pull(bench_pull(width, size, args.runs))
+    if args.only != "pull":
+        results.update(checkpoints(width, args.runs))
+    print(f"load average after: {load_average()}")
+    print(json.dumps(results))
+
+
+def print_pull(pull: dict[str, Any]) -> dict[str, Any]:
     print(
         f"pull of the sharded model (2 ranks): {pull['pull_s'] * 1e3:.0f} ms, {pull['pull_and_read_s'] * 1e3:.0f} ms with every tensor read once; "
         f"one torch.clone of the same size: {pull['clone_s'] * 1e3:.0f} ms; ratio {pull['pull_s'] / pull['clone_s']:.2f}x "
         f"({pull['pull_and_read_s'] / pull['clone_s']:.2f}x read; target <= 2x); "
         f"this process's peak, the pulled model read, over the model's size: {pull['peak_over_size']:.2f}x (target <= 1.5x)"
     )
-    results: dict[str, Any] = {"size_bytes": size, "pull": pull}
+    return pull
+
+
+def checkpoints(width: int, runs: int) -> dict[str, Any]:
+    results = {}
     folder = tempfile.mkdtemp(prefix="nbaccel-sharded-bench-", dir=os.environ.get("BENCH_DIR"))
     try:
         for ranks in (2, 4):
-            figures = bench_checkpoint(width, ranks, args.runs, folder)
+            figures = bench_checkpoint(width, ranks, runs, folder)
             results[f"checkpoint_{ranks}"] = figures
             print(
                 f"{ranks} ranks: DCP save {figures['dcp_save_s'] * 1e3:.0f} ms ({figures['dcp_save_s'] / figures['torch_save_s']:.2f}x torch.save "
@@ -165,8 +183,7 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"load average after: {load_average()}")
-    print(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
