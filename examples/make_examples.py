@@ -943,7 +943,7 @@ complete. Another number of workers loads it: DCP reshards. On CPU we go from 2 
 GPUs from N to N // 2 (or 1).
 """),
     code("""
-%distributed save $checkpoint model optimizer
+%distributed save {checkpoint} model optimizer
 %distributed pull workers -o n
 %distributed pull device -o kind
 %distributed stop
@@ -951,7 +951,7 @@ GPUs from N to N // 2 (or 1).
     code("""
 other = 3 if kind == "cpu" else max(1, n // 2)
 fresh = TinyLM()  # other weights: the checkpoint replaces them
-%distributed start -n $other
+%distributed start -n {other}
 %distributed push fresh --shard
 """),
     code("""
@@ -961,7 +961,7 @@ optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 mine = data[state.process_index :: state.num_processes].to(state.device)
 """),
     code("""
-%distributed load $checkpoint model optimizer
+%distributed load {checkpoint} model optimizer
 """),
     code("""
 %%distributed
