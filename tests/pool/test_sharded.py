@@ -61,6 +61,7 @@ def plain_leaves(value: object) -> list:
     return [value]
 
 
+@pytest.mark.slow  # the first to import FSDP2, DCP and Adam on the ranks: 5 to 25 s on this loaded machine
 def test_pull_of_a_sharded_model_optimizer_tensor_and_dict_gathers_full_plain_tensors() -> None:
     with start_workers(2) as pool:
         pool.push(make_model=make_model)
