@@ -5,7 +5,10 @@
 #
 # - Debian's chromium (Playwright's own browser download is not reachable from CI machines):
 #   installed with apt-get only when /usr/bin/chromium is missing (needs root or sudo).
-# - jupyterlab, notebook (7) and playwright (the Python driver only; no `playwright install`) into VENV.
+# - jupyterlab, notebook (7), nbclassic (the classic Notebook, with ipywidgets' widgetsnbextension)
+#   and playwright (the Python driver only; no `playwright install`) into VENV.
+# - the npm packages of tests/browser/package.json (the widget renderer of the html-manager test),
+#   where npm is installed, from its lock file (`npm ci`).
 set -euo pipefail
 
 venv="${1:-.venv}"
@@ -30,9 +33,17 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 if [[ -f "$here/constraints.txt" ]]; then
     constraints=(-c "$here/constraints.txt")
 fi
-"$python" -m pip install -q "${constraints[@]}" jupyterlab notebook playwright
+"$python" -m pip install -q "${constraints[@]}" jupyterlab notebook nbclassic widgetsnbextension playwright
 "$python" - <<'PY'
-import jupyterlab, notebook, playwright
+import jupyterlab, notebook, nbclassic, playwright
 from importlib.metadata import version
-print(f"install-browser-deps: jupyterlab {version('jupyterlab')}, notebook {version('notebook')}, playwright {version('playwright')}, chromium at /usr/bin/chromium")
+print(f"install-browser-deps: jupyterlab {version('jupyterlab')}, notebook {version('notebook')}, nbclassic {version('nbclassic')}, playwright {version('playwright')}, chromium at /usr/bin/chromium")
 PY
+if [[ -f "$here/tests/browser/package.json" ]]; then
+    if command -v npm >/dev/null; then
+        (cd "$here/tests/browser" && npm ci --no-audit --no-fund --silent)
+        echo "install-browser-deps: npm packages of tests/browser installed"
+    else
+        echo "install-browser-deps: npm is missing; the html-manager browser test will skip" >&2
+    fi
+fi
