@@ -7,8 +7,9 @@
 #   installed with apt-get only when /usr/bin/chromium is missing (needs root or sudo).
 # - jupyterlab, notebook (7), nbclassic (the classic Notebook, with ipywidgets' widgetsnbextension)
 #   and playwright (the Python driver only; no `playwright install`) into VENV.
-# - the npm packages of tests/browser/package.json (the widget renderer of the html-manager test),
-#   where npm is installed, from its lock file (`npm ci`).
+# - the npm packages of tests/browser/package.json (ipywidgets' html manager; VS Code's widget
+#   renderer and the kernel connection its bridge page bundles), where npm is installed, from its
+#   lock file (`npm ci`), then the bridge page's script (`npm run build`).
 set -euo pipefail
 
 venv="${1:-.venv}"
@@ -41,9 +42,9 @@ print(f"install-browser-deps: jupyterlab {version('jupyterlab')}, notebook {vers
 PY
 if [[ -f "$here/tests/browser/package.json" ]]; then
     if command -v npm >/dev/null; then
-        (cd "$here/tests/browser" && npm ci --no-audit --no-fund --silent)
-        echo "install-browser-deps: npm packages of tests/browser installed"
+        (cd "$here/tests/browser" && npm ci --no-audit --no-fund --silent && npm run --silent build)
+        echo "install-browser-deps: npm packages of tests/browser installed, the VS Code bridge page built"
     else
-        echo "install-browser-deps: npm is missing; the html-manager browser test will skip" >&2
+        echo "install-browser-deps: npm is missing; the html-manager and VS Code renderer browser tests will skip" >&2
     fi
 fi

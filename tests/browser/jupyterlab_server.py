@@ -59,10 +59,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 60.0, app: str = "jupyterlab") -> Iterator[Lab]:
+def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 60.0, app: str = "jupyterlab", args: tuple[str, ...] = ()) -> Iterator[Lab]:
     """Start ``jupyter lab`` on 127.0.0.1 serving ``root``; stop it and its kernels afterwards.
 
-    ``app="nbclassic"`` starts the classic Notebook instead (the same server, its own pages).
+    ``app="nbclassic"`` starts the classic Notebook instead (the same server, its own pages);
+    ``args`` are more server options.
     """
     port, token = _free_port(), secrets.token_hex(16)
     home = root / ".home"
@@ -90,6 +91,7 @@ def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 6
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
         "--ServerApp.shutdown_no_activity_timeout=0",
+        *args,
     ]
     if app == "jupyterlab":
         command += ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
