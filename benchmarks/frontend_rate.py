@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -89,7 +90,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as logs, running_kernel(env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": logs}) as kernel:
         assert kernel.execute(SETUP + "\n%load_ext nbaccel").status == "ok"
         _open_control_comm(kernel)  # a widget manager that connects and never renders
-        print(f"load average before: {open('/proc/loadavg').read().split()[:3]}")
+        print(f"load average before: {Path('/proc/loadavg').read_text().split()[:3]}")
         print(f"{'ranks':>5} {'frontend':>10} {'widget msgs/s':>14} {'iopub/s':>9} {'lines/s':>10} {'vs floor':>9}")
         for ranks in args.ranks:
             results: dict[str, list[dict[str, float]]] = {name: [] for name in FRONTENDS}
@@ -101,7 +102,7 @@ def main() -> None:
             for name, runs in results.items():
                 med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                 print(f"{ranks:>5} {name:>10} {med['widget msgs/s']:>14.1f} {med['iopub/s']:>9.0f} {med['lines/s']:>10,.0f} {med['lines/s'] / floor:>8.2f}x")
-        print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
+        print(f"load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ class NotebookWorkers:
         from IPython import get_ipython
 
         self._unwatch()
-        shell = get_ipython()  # type: ignore[no-untyped-call]
+        shell = get_ipython()
         if shell is None or handle is None:
             return
 

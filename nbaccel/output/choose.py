@@ -99,7 +99,10 @@ def make_sink(output: str | Sink | None) -> Sink:
         return RichTextSink()
     if threading.current_thread() is not threading.main_thread():
         if mode == "widgets":
-            _warn_once("thread", "output='widgets' from a thread other than the kernel's main one: showing text (widget updates from a thread are not rendered everywhere).")
+            _warn_once(
+                "thread",
+                "output='widgets' from a thread other than the kernel's main one: showing text (widget updates from a thread are not rendered everywhere).",
+            )
         return RichTextSink()
     if mode == "widgets":
         if frontend.in_kernel():

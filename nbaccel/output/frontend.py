@@ -45,6 +45,7 @@ Example:
     >>> detect().name, detect().widgets
     ('none', False)
 """
+
 from __future__ import annotations
 
 import os

@@ -72,7 +72,13 @@ def test_vscodes_renderer_shows_a_2_rank_launch_live_and_legible(tmp_path: Path)
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(_page(tmp_path).as_uri())
-            bridge = {"baseUrl": f"http://127.0.0.1:{lab.port}/", "token": lab.token, "kernelId": kernel_id, "cells": ["%load_ext nbaccel", _cell(2, release)], "cellId": VSCODE_CELL}
+            bridge = {
+                "baseUrl": f"http://127.0.0.1:{lab.port}/",
+                "token": lab.token,
+                "kernelId": kernel_id,
+                "cells": ["%load_ext nbaccel", _cell(2, release)],
+                "cellId": VSCODE_CELL,
+            }
             page.evaluate("(a) => { window.startBridge(a).catch(e => { window.bridgeError = String(e); }); }", bridge)
             launch = page.locator(".nbaccel-launch")
             launch.wait_for(state="visible")

@@ -284,9 +284,7 @@ def test_cluster_refuses_what_cannot_work_in_one_line(ip: InteractiveShell) -> N
     assert "cluster" not in ip.user_ns
 
 
-def test_status_is_an_html_table_and_its_watch_is_read_again_after_every_cell(
-    ip: InteractiveShell, pool: FakePool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_status_is_an_html_table_and_its_watch_is_read_again_after_every_cell(ip: InteractiveShell, pool: FakePool, monkeypatch: pytest.MonkeyPatch) -> None:
     published: list[tuple[dict[str, Any], dict[str, Any], bool]] = []
 
     def publish(data: dict[str, Any], metadata: Any = None, *args: Any, transient: Any = None, update: bool = False, **kwargs: Any) -> None:
