@@ -15,8 +15,8 @@ cap drops whole old blocks (their widgets are closed), keeping at least ``max_li
 Example:
     >>> panel = RankPanel(rank=0, max_lines=100, label="rank 0 · running")
     >>> panel.add_lines("stdout", ["epoch 1", "epoch 2"])
-    >>> panel.sync()  # the new block's Output widget and its layout: two comm opens
-    2
+    >>> panel.sync()  # opens: a block's Output and its layout; updates: the log's children, the header
+    4
     >>> "rank 0 · running" in panel.header.value
     True
     >>> panel.blocks[0].outputs
