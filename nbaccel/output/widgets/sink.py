@@ -335,6 +335,7 @@ class LiveViewSink:
                 self._outcomes[outcome.rank] = outcome
                 view.set_state(outcome.rank, rank_state(outcome))
         if self._budget is None:  # a capped frontend is spared pushes the static view replaces at once
+            self.messages += view.flush_labels()
             for panel in view.panels.values():
                 self.messages += panel.sync()
         for rank, peak in view.peaks.items():  # the saved view keeps each rank's peak, not its last sample
