@@ -141,7 +141,7 @@ def test_a_failed_rank_starts_with_its_traceback_and_unfinished_bars_turn_red(co
     panel.set_failure(RankOutcome(rank=1, status=Status.FAILED, exitcode=1, error=error))
     panel.sync()
     label, first_child = panel.widget.children[:2]  # the rank's label, then why it failed
-    assert label is panel.header and first_child is panel._error and panel._error.layout.display is None
+    assert label is panel.header and first_child is panel._error
     (output,) = panel._error.outputs
     assert output["output_type"] == "error" and output["ename"] == "ValueError"
     assert output["traceback"][0] == "rank 1 failed: ValueError: boom" and output["traceback"][-1] == "ValueError: boom"

@@ -86,11 +86,13 @@ class RankPanel:
         self._bars_changed = False
         self._retired_bars: list[Bar] = []
         self._failure_dirty = False
-        self._bars = w.VBox()
+        # The traceback's and the bars' widgets are made when first needed: every widget is a comm
+        # open when the view is shown, and VS Code takes seconds for a few dozen (vscode-jupyter #7965).
+        self._bars: w.VBox | None = None
+        self._error: w.Output | None = None
         self.header = w.HTML(self._header_html(), layout=w.Layout(margin="0 0 2px 0"), _dom_classes=("nbaccel-rank-header",))
         self._log = w.Box(layout=w.Layout(display="flex", flex_flow="column-reverse", max_height=LOG_HEIGHT, overflow="auto", width="100%"))
-        self._error = w.Output(layout=w.Layout(display="none"))
-        self.widget = w.VBox([self.header, self._error, self._bars, self._log], _dom_classes=("nbaccel-rank-panel",))
+        self.widget = w.VBox([self.header, self._log], _dom_classes=("nbaccel-rank-panel",))
 
     # -- changes (cheap, Python only) ---------------------------------------------------------
 
@@ -262,9 +264,17 @@ class RankPanel:
         outcome = self.failure
         if outcome is None:
             return 0
-        self._error.outputs = _snapshot(failure_outputs(outcome))
-        self._error.layout.display = None
-        return 2
+        if self._error is not None:
+            self._error.outputs = _snapshot(failure_outputs(outcome))
+            return 1
+        self._error = w.Output(outputs=_snapshot(failure_outputs(outcome)))
+        self._lay_out()
+        return tree_size(self._error) + 1
+
+    def _lay_out(self) -> None:
+        """The panel's column: its label, why it failed, its bars, its log (what exists of them)."""
+        parts = [self.header, self._error, self._bars, self._log]
+        self.widget.children = tuple(part for part in parts if part is not None)
 
     def _sync_bars(self) -> int:
         sent = 0
@@ -277,9 +287,15 @@ class RankPanel:
                 sent += _update_bar(bar.widget, bar.state)
                 bar.dirty = False
         if self._bars_changed:
-            self._bars.children = tuple(b.widget for b in self.bars.values() if b.widget is not None)
+            children = tuple(b.widget for b in self.bars.values() if b.widget is not None)
+            if self._bars is None:
+                self._bars = w.VBox(children)
+                self._lay_out()
+                sent += 3  # opens: the box and its layout (its bars are counted above); an update: the column
+            else:
+                self._bars.children = children
+                sent += 1
             self._bars_changed = False
-            sent += 1
         for bar in self._retired_bars:
             sent += _close_bar(bar)
         self._retired_bars.clear()
