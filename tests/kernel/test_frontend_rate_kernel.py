@@ -5,12 +5,15 @@ VS Code's ``vscode-notebook-cell:`` cell id: the kernel picks the widget view on
 keeps it to about 10 widget messages a second, all its widgets together, counted from the
 kernel's own timestamps of every comm message between the view's display and its replacement.
 The client opens the widget control comm and never renders or answers a widget message: the
-launch must not wait for it, and no line is lost (the log files, the final text).
+launch must not wait for it, and no line is lost (the log files, the final text). Colab and
+Kaggle by construction: a kernel with a stand-in ``google.colab`` module keeps the same pace; a
+kernel with Kaggle's variables gets widgets in the editor and text in a commit run.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import datetime
 import queue
 import time
@@ -138,3 +141,35 @@ def test_a_jupyterlab_cell_keeps_the_faster_pace(kernel: Kernel) -> None:
     rates = widget_messages_per_second(run)
     print(f"JupyterLab cell: widget messages per second {rates}")
     assert sum(rates) / len(rates) > 20, rates  # the cap above is VS Code's, not everyone's
+
+
+def _stand_in_colab(folder: Path) -> Path:
+    """A ``google.colab`` package, as Colab's kernel has imported before the first cell."""
+    package = folder / "google" / "colab"
+    package.mkdir(parents=True)
+    (folder / "google" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text('"""A stand-in for Colab\'s module: only its presence is read."""\n')
+    return folder
+
+
+def test_a_colab_kernel_by_construction_gets_the_capped_view(tmp_path: Path) -> None:
+    path = os.pathsep.join([str(_stand_in_colab(tmp_path / "colab")), os.environ.get("PYTHONPATH", "")])
+    with running_kernel(env={"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path / "logs"), "PYTHONPATH": path}) as colab:
+        setup = colab.execute("import google.colab\n%load_ext nbaccel\nfrom nbaccel.output.frontend import detect\nprint(detect().name)")
+        assert setup.stdout.strip().endswith("colab"), (setup.stdout, setup.stderr)
+        run = _run_cell(colab, LOUD, {})  # Colab's cells carry none of JupyterLab's metadata
+        _check_nothing_lost(run)
+        rates = widget_messages_per_second(run)
+        print(f"Colab stand-in: widget messages per second {rates}")
+        assert len(rates) >= 3 and max(rates[1:]) <= 14 and sum(rates[1:]) / len(rates[1:]) <= 10.5, rates
+
+
+@pytest.mark.parametrize(("run_type", "expected"), [("Interactive", "kaggle True"), ("Batch", "kaggle False")])
+def test_a_kaggle_kernel_by_construction_is_told_by_its_variables(tmp_path: Path, run_type: str, expected: str) -> None:
+    env = {"NBACCEL_OUTPUT": "", "NBACCEL_LOG_DIR": str(tmp_path), "KAGGLE_KERNEL_RUN_TYPE": run_type, "KAGGLE_URL_BASE": "https://www.kaggle.com"}
+    with running_kernel(env=env) as kaggle:
+        seen = kaggle.execute("%load_ext nbaccel\nfrom nbaccel.output.frontend import detect\nprint(detect().name, detect().widgets)")
+        assert seen.stdout.strip().endswith(expected), (seen.stdout, seen.stderr)
+        if run_type == "Batch":  # a commit run: nobody watches, the lines are saved as text
+            run = kaggle.execute("%%distributed -n 2\nprint('from a commit run')", timeout=90)
+            assert run.status == "ok" and "[rank 1] from a commit run" in run.stdout and run.of_type("comm_open") == []
