@@ -13,8 +13,8 @@ kernel with Kaggle's variables gets widgets in the editor and text in a commit r
 from __future__ import annotations
 
 import ast
-import os
 import datetime
+import os
 import queue
 import time
 import uuid
