@@ -36,6 +36,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed push data labels
     %distributed pull model_state --rank 0 -o weights
     %distributed push model --shard                   (FSDP2 over every rank; --mesh 2x2 for HSDP)
+    %distributed push model --shard tp_plan --mesh 2x2 (tp_plan(module, mesh): your own sharding)
     %distributed save ckpt model optimizer            (torch.distributed.checkpoint; loads on any number of ranks)
     %distributed load ckpt model optimizer
     %distributed status
@@ -57,8 +58,18 @@ def _add_start(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _add_transfers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     push = commands.add_parser("push", help="send notebook variables to every rank (by value, with cloudpickle)")
     push.add_argument("names", nargs="+", type=variable_name, metavar="NAME", help="notebook variables to send")
-    push.add_argument("--shard", action="store_true", help="modules only: shard each over the ranks with FSDP2's fully_shard (each rank receives its slices)")
-    push.add_argument("--mesh", type=mesh_shape, metavar="DPxTP", help="with --shard: the DeviceMesh shape, e.g. 4 or 2x2 (replicate x shard: HSDP)")
+    push.add_argument(
+        "--shard",
+        nargs="?",
+        const=True,
+        default=False,
+        type=variable_name,
+        metavar="RECIPE",
+        help="modules only: shard each over the ranks with FSDP2's fully_shard (each rank receives its slices), or with RECIPE(module, mesh), a notebook function",
+    )
+    push.add_argument(
+        "--mesh", type=mesh_shape, metavar="DPxTP", help="with --shard: the DeviceMesh shape, e.g. 4 or 2x2 (dims dp, tp; fully_shard on 2x2: HSDP)"
+    )
     pull = commands.add_parser(
         "pull", help="bring a rank's variable into the notebook (tensors on CPU, a module as its state_dict; sharded values gathered in full)"
     )

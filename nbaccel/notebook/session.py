@@ -226,15 +226,21 @@ class NotebookWorkers:
         except LookupError as error:
             raise UsageError(f"%distributed debug: {error}") from None
 
-    def push(self, names: list[str], shard: bool = False, mesh: tuple[int, ...] | None = None) -> None:
+    def push(self, names: list[str], shard: bool | str = False, mesh: tuple[int, ...] | None = None) -> None:
         pool = self.require()
         missing = [name for name in names if name not in self.user_ns]
         if missing:
             raise UsageError(f"%distributed push: {_names(missing)} not defined in the notebook; define it first, or check the spelling.")
         if mesh is not None and not shard:
             raise UsageError("%distributed push: --mesh shapes a sharded push; add --shard (or drop --mesh).")
+        how: bool | Callable[[Any, Any], Any] = shard is True
+        if isinstance(shard, str):  # --shard RECIPE: a notebook function recipe(module, mesh)
+            recipe = self.user_ns.get(shard)
+            if not callable(recipe):
+                raise UsageError(f"%distributed push --shard {shard}: {shard!r} is not a function in the notebook; define recipe(module, mesh) first.")
+            how = recipe
         try:
-            pool.push(shard=shard, mesh=mesh, **{name: self.user_ns[name] for name in names})
+            pool.push(shard=how, mesh=mesh, **{name: self.user_ns[name] for name in names})
         except (TypeError, ValueError) as error:  # the pool names the value it cannot push, or the mesh that does not fit
             raise UsageError(f"%distributed push: {error}") from None
 

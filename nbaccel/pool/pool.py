@@ -187,18 +187,23 @@ class WorkerPool:
             CallFunction(Sourced.wrap(function), args), ranks=ranks, timeout=timeout, output=output, label=getattr(function, "__name__", "function")
         )
 
-    def push(self, shard: bool = False, mesh: Sequence[int] | None = None, **values: Any) -> None:
+    def push(self, shard: bool | Callable[[Any, Any], Any] = False, mesh: Sequence[int] | None = None, **values: Any) -> None:
         """Bind ``values`` in every rank's namespace (cloudpickle carries them).
 
         ``shard=True``: each value (a module) is placed sharded over the ranks by FSDP2's
-        ``fully_shard`` on a 1-D mesh, or ``mesh`` (``(replicate, shard)``: HSDP), each rank
-        receiving only its slices (``nbaccel.pool.sharded``).
+        ``fully_shard`` on a 1-D mesh, or ``mesh`` (``(dp, tp)``: HSDP, replicated over dp and
+        sharded over tp), each rank receiving only its slices. ``shard=recipe``: ``recipe(module,
+        mesh)`` shards it on each rank (``parallelize_module``, per-layer ``fully_shard``), and each
+        rank copies its part from the full weights in shared memory (``nbaccel.pool.sharded``).
         """
         if shard:
+            recipe = None if shard is True else shard
+            if recipe is not None and not callable(recipe):
+                raise TypeError(f"shard={shard!r} is neither True nor a callable recipe(module, mesh); pass shard=True for fully_shard, or a function")
             for name, value in values.items():
                 sharded.shard_tasks(name, value, self.num_processes, mesh)  # refuses a non-module before anything is sent
             for name, value in values.items():
-                sharded.push_sharded(self, name, value, mesh)
+                sharded.push_sharded(self, name, value, mesh, recipe)
             return
         for name, value in values.items():  # one at a time, so a failure names the culprit
             try:

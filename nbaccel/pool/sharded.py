@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,22 @@ class PlaceShards:
 
     def __call__(self, namespace: dict[str, Any]) -> None:
         namespace[self.name] = shard_place.place(self.skeleton, self.shards, self.buffers, self.mesh_shape)
+
+
+@dataclass
+class PlaceWith:
+    """A sharded push with the user's recipe: the skeleton, the recipe, the full parameters (memfds
+    every rank maps; each reads only the pages of its own part) and the buffers."""
+
+    name: str
+    skeleton: Any
+    recipe: Callable[[Any, Any], Any]
+    params: dict[str, Any]
+    buffers: dict[str, Any]
+    mesh_shape: tuple[int, ...]
+
+    def __call__(self, namespace: dict[str, Any]) -> None:
+        namespace[self.name] = shard_place.place_with(self.skeleton, self.recipe, self.params, self.buffers, self.mesh_shape)
 
 
 @dataclass
@@ -180,10 +196,16 @@ def _skeleton(module: Any) -> Any:
     return copy.deepcopy(module, memo)
 
 
-def push_sharded(pool: WorkerPool, name: str, module: Any, mesh: Sequence[int] | None = None) -> None:
-    """Place ``module`` on every rank, sharded by ``fully_shard`` (``pool.push(name=module, shard=True)``)."""
-    tasks = shard_tasks(name, module, pool.num_processes, mesh)
-    pool.run_each(tasks, output="text", label=f"push {name} --shard", remember=False)
+def push_sharded(pool: WorkerPool, name: str, module: Any, mesh: Sequence[int] | None = None, recipe: Callable[[Any, Any], Any] | None = None) -> None:
+    """Place ``module`` on every rank, sharded by ``fully_shard`` (``pool.push(name=module, shard=True)``),
+    or by ``recipe(module, mesh)`` on each rank (``shard=recipe``: tensor parallel, per-layer FSDP, ...)."""
+    tasks = shard_tasks(name, module, pool.num_processes, mesh)  # checks the module and the mesh either way
+    if recipe is None:
+        pool.run_each(tasks, output="text", label=f"push {name} --shard", remember=False)
+        return
+    params = {fqn: p.detach() for fqn, p in module.named_parameters()}
+    placed = PlaceWith(name, tasks[0].skeleton, recipe, params, tasks[0].buffers, tasks[0].mesh_shape)
+    pool.run_task(placed, output="text", label=f"push {name} --shard {getattr(recipe, '__name__', 'recipe')}", remember=False)
 
 
 def _check_names(names: Sequence[str], what: str) -> list[str]:

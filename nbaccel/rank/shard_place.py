@@ -28,7 +28,7 @@ def mesh_of(shape: tuple[int, ...]) -> Any:
 
         from nbaccel.state import PartialState
 
-        names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+        names = ("dp",) if len(shape) == 1 else ("dp", "tp")  # a 2-D fully_shard replicates over dp and shards over tp (HSDP)
         _meshes[shape] = init_device_mesh(PartialState().device.type, shape, mesh_dim_names=names)
     return _meshes[shape]
 
@@ -79,3 +79,27 @@ def shard_sizes(namespace: dict[str, Any]) -> dict[str, tuple[int, int]]:
         full = sum(p.numel() * p.element_size() for p in params)
         sizes[name] = (held, full)
     return sizes
+
+
+def place_with(skeleton: Any, recipe: Any, params: dict[str, Any], buffers: dict[str, Any], mesh_shape: tuple[int, ...]) -> Any:
+    """``skeleton`` sharded by the user's ``recipe(module, mesh)`` (``parallelize_module``,
+    ``fully_shard`` per layer, ...), then each parameter's local part copied from ``params``: the
+    full tensors, mapped from the kernel's memfds (only the pages of this rank's part are read)."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from nbaccel.state import PartialState
+
+    recipe(skeleton, mesh_of(mesh_shape))
+    skeleton.to_empty(device=PartialState().device)
+    with torch.no_grad():
+        for fqn, param in skeleton.named_parameters():
+            full = params[fqn]
+            if isinstance(param, DTensor):
+                part = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None).to_local()
+                param.to_local().copy_(part)
+            else:
+                param.copy_(full)
+        for fqn, buffer in skeleton.named_buffers():
+            buffer.copy_(buffers[fqn])
+    return skeleton

@@ -80,6 +80,12 @@ def test_bad_input_is_a_usage_error_naming_it_and_the_workers_stay(kernel: Kerne
         assert "name 'nothing' is not defined on this rank" in usage_error(kernel.execute(f"%distributed save {tmp_path}/c nothing"))
         (tmp_path / "file").write_text("x")
         assert f"cannot save to '{tmp_path}/file/c'" in usage_error(kernel.execute(f"%distributed save {tmp_path}/file/c model"))
+        assert "'nothing' is not a function in the notebook" in usage_error(kernel.execute("%distributed push model --shard nothing"))
+        recipe = "def per_layer(module, mesh):\n    from torch.distributed.fsdp import fully_shard\n    fully_shard(module[0], mesh=mesh)\n    fully_shard(module, mesh=mesh)"
+        ok(kernel, recipe)
+        ok(kernel, "%distributed push model --shard per_layer")  # a notebook function shards it on each rank
+        run = ok(kernel, "%%distributed -o outs\ntype(model[0]).__name__, type(model[0].weight).__name__")
+        assert "('FSDPLinear', 'DTensor')" in run.of_type("execute_result")[0]["content"]["data"]["text/plain"]
         ok(kernel, "%distributed push model")
         ok(kernel, f"%distributed save {tmp_path}/plain model")  # an unsharded module saves too
         assert ok(kernel, "%%distributed\n1 + 1").of_type("execute_result")[0]["content"]["data"]["text/plain"] == "2"

@@ -274,6 +274,28 @@ def make_even_model(seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def tp_recipe(model: torch.nn.Module, mesh: object) -> None:
+    """A push's recipe: tensor parallel over the mesh's tp, then FSDP over its dp."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+
+
+def test_push_with_a_tensor_parallel_recipe_on_a_2d_mesh() -> None:
+    model = make_even_model()
+    with start_workers(4) as pool:
+        pool.push(model=model, shard=tp_recipe, mesh=(2, 2))
+        shapes = pool.run_task(lambda ns: (tuple(ns["model"][0].weight.to_local().shape), tuple(ns["model"][2].weight.to_local().shape)))
+        assert shapes == [((2, 12), (2, 4))] * 4  # 0.weight: rows over tp then dp; 2.weight: columns over tp, rows over dp
+        assert all(torch.allclose(out, model(INPUT) * 1.5, atol=1e-6) for out in pool.run_task(forward))
+        pulled = pool.pull("model")
+        assert all(torch.equal(pulled[k], v) for k, v in model.state_dict().items())
+        with pytest.raises(TypeError, match="shard='tp' is neither True nor a callable"):
+            pool.push(model=model, shard="tp")
+
+
 @pytest.mark.slow
 def test_tensor_parallel_on_a_2d_mesh_pulls_saves_and_loads_on_two_ranks(tmp_path) -> None:
     model = make_even_model()
