@@ -6,7 +6,8 @@
   a module arrives as its full state dict, an optimizer as its ``state_dict()``.
 - ``push_sharded``: a notebook module goes to the ranks as a skeleton on ``meta`` plus, for each
   rank, only its slice of every parameter (memfds for the big ones), and is ``fully_shard``-ed
-  there (``nbaccel.rank.shard_place``).
+  there; or with the user's recipe (``shard=recipe``), every rank maps the full weights and copies
+  its own part (``nbaccel.rank.shard_place``).
 - ``save`` / ``load``: torch.distributed.checkpoint on every rank, atomic, resharding from N ranks
   to M (``nbaccel.rank.checkpoint``).
 
