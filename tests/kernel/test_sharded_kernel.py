@@ -38,9 +38,7 @@ def test_a_model_sharded_from_the_notebook_trains_saves_reloads_on_three_and_pul
         run = ok(kernel, "%%distributed -o outs\nprint(type(model[0].weight).__name__, tuple(model[0].weight.to_local().shape))\nmodel(x).detach()")
         assert sorted(run.stdout.splitlines()) == ["[rank 0] DTensor (5, 16)", "[rank 1] DTensor (4, 16)"]
         assert ok(kernel, "print(all(torch.allclose(o, expected) for o in outs))").stdout == "True\n"
-        shown = ok(kernel, "%distributed status")
-        tables = [m["content"]["data"]["text/plain"] for m in shown.of_type("display_data")]
-        status = (tables[0] if tables else shown.stdout).splitlines()  # a displayed table (text and html), or printed
+        status = ok(kernel, "%distributed status").shown.splitlines()  # the displayed table's text
         assert "sharded (held / full)" in status[0], status
         assert "model 420 B / 732 B" in status[1] and "model 312 B / 732 B" in status[2], status
         ok(kernel, "%%distributed\nopt = torch.optim.SGD(model.parameters(), lr=0.5)\nmodel(x).pow(2).mean().backward()\nopt.step()\nafter = model(x).detach()")
