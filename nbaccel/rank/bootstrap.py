@@ -124,11 +124,13 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
 
 
 def _name_process(job: Job | bytes, rank: int, env: dict[str, str]) -> None:
-    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi (``process_title``). A job still
-    in bytes is named again once loaded; one passed its pipe ends is nbaccel's own loop (a
+    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi (``process_title.rank_title``'s
+    words, made here: every function a fresh rank runs copies its code's page). A job still in
+    bytes is named again once loaded; one passed its pipe ends is nbaccel's own loop (a
     worker's, a node's job by value), which names the process itself."""
-    label = None if isinstance(job, bytes) or job.pass_ends else process_title.job_label(job.function)
-    process_title.name_rank(rank, env.get("WORLD_SIZE", "1"), label)
+    label = None if isinstance(job, bytes) or job.pass_ends else job.label or process_title.job_label(job.function)
+    world = env.get("WORLD_SIZE", "1")
+    process_title.set_title(f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}")
 
 
 def _set_environment(env: dict[str, str]) -> None:

@@ -16,8 +16,9 @@ show where one kernel and four ranks run. Each says what it is instead, twice:
   bytes). The environment's strings stay where C's ``getenv`` (NCCL, CUDA) reads them.
 
 The argument area is found once, at import, in the kernel: a fork keeps its address. Naming a
-process then costs one ``prctl`` and one ``memmove`` of ~100 bytes (a few microseconds, the
-page it writes included: ``benchmarks/process_title_bench.py``). Off Linux, nothing is renamed.
+rank then costs one ``prctl`` and one write of ~100 bytes, with its words made (the label once
+per launch, in the kernel: ``Job.label``); tens of microseconds in a forked rank, most of it
+the pages it must copy (``benchmarks/process_title_bench.py``). Off Linux, nothing is renamed.
 
 Example:
     >>> rank_title(1, 4, "cell [12]"), rank_comm(1, 4)
@@ -31,6 +32,8 @@ from __future__ import annotations
 import ctypes
 import sys
 from typing import Any
+
+from nbaccel.rank.capture import _libc
 
 _PR_SET_NAME = 15
 COMM_BYTES = 15  # the Linux kernel keeps 16 bytes of a task's name, its NUL included
@@ -50,18 +53,19 @@ def _argument_area() -> tuple[int, int] | None:
     return (start, end) if 0 < start < end else None
 
 
-def _libc_prctl() -> Any:
-    if not sys.platform.startswith("linux"):
+def _area_view(area: tuple[int, int] | None) -> memoryview | None:
+    """The argument area as writable bytes (it lies on the process's stack: readable, writable)."""
+    if area is None:
         return None
-    try:
-        return ctypes.CDLL(None).prctl
-    except (OSError, AttributeError):
-        return None
+    return memoryview((ctypes.c_char * (area[1] - area[0])).from_address(area[0])).cast("B")
 
 
-# Resolved in the kernel, once: a rank inherits both (a lookup there would cost a dlsym and a read).
+# Made in the kernel, once: a rank inherits them. A fork writes each object it touches into a
+# copy of its page (~5 us a page), so a rank reuses the prctl the bootstrap has just called
+# (PR_SET_PDEATHSIG) and writes the area through one view: no lookup, no ctypes call for it.
 _AREA = _argument_area()
-_PRCTL = _libc_prctl()
+_VIEW = _area_view(_AREA)
+_PRCTL = getattr(_libc, "prctl", None) if _libc is not None and sys.platform.startswith("linux") else None
 
 
 def set_title(title: str, comm: str) -> None:
@@ -76,13 +80,11 @@ def set_title(title: str, comm: str) -> None:
     """
     if _PRCTL is not None:
         _PRCTL(_PR_SET_NAME, comm.encode()[:COMM_BYTES])
-    if _AREA is not None:
-        start, end = _AREA
-        data = title.encode()[: end - start - 1]
-        # The last byte stays NUL: the Linux kernel then reads the command line from this area
-        # alone, and tools show the title as one argument (the NULs after it end it).
-        ctypes.memset(start + len(data), 0, end - start - len(data))
-        ctypes.memmove(start, data, len(data))
+    if _VIEW is not None:
+        size = len(_VIEW)
+        # The NULs after the title end it, and the last byte stays NUL: the Linux kernel then
+        # reads the command line from this area alone, and tools show the title as one argument.
+        _VIEW[:] = title.encode()[: size - 1].ljust(size, b"\0")
 
 
 def command_line(pid: int | str = "self") -> str:

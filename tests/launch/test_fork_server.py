@@ -118,6 +118,7 @@ KILLED_KERNEL = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.orphans
 def test_a_killed_kernel_leaves_no_orphan() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "NBACCEL_OUTPUT": "text"}

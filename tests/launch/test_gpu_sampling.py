@@ -115,6 +115,7 @@ def hold_and_say_my_pid(use_path: str) -> int:
     return rank
 
 
+@pytest.mark.slow
 def test_a_real_launch_samples_its_ranks_gpu_use_through_the_loop(use_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # gloo ranks on the CPU, given the device map a CUDA plan gives (rank r on cuda:r)
     monkeypatch.setattr(LocalRankGroup, "local_gpus", lambda self: {rank: rank for rank in range(self.num_processes)})
