@@ -54,7 +54,12 @@ def test_each_rank_is_named_by_its_rank_and_its_function(start_method: str) -> N
 def test_a_cell_rank_is_named_by_its_cell_and_a_wrapped_function_by_the_function() -> None:
     cell = compile_cell("from tests.rank.test_process_titles import names\nnames()")
     cell.label = "cell [12]"  # what %%distributed sets: the cell's In[12]
-    assert notebook_launcher(cell, num_processes=2, cpu=True, output="text", start_method="spawn")[1] == ("nbaccel-r1/2", "nbaccel rank 1/2 (cell [12])")
+    # Through the fork server: the cell travels pickled, its label with it.
+    assert notebook_launcher(cell, num_processes=2, cpu=True, output="text", start_method="forkserver")[1] == (
+        "nbaccel-r1/2",
+        fits("nbaccel rank 1/2 (cell [12])"),
+    )
+    fork_server.shutdown()
     wrapped = functools.partial(train)
     assert notebook_launcher(wrapped, num_processes=2, cpu=True, output="text", pdb=True)[0] == ("nbaccel-r0/2", fits("nbaccel rank 0/2 (train)"))
 
