@@ -89,7 +89,10 @@ def _mark_tiers(items: list[pytest.Item]) -> None:
     importing torch per rank, a second or more a launch); ``quick`` for every other test: the
     unit and one-node multi-process tier of the edit-test loop (``./dev test -m quick``)."""
     for item in items:
-        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        path = Path(str(item.path)).resolve()
+        if not path.is_relative_to(TESTS):  # the package's doctests (tests/test_static.py runs them)
+            continue
+        parts = path.relative_to(TESTS).parts
         tier = TIER_OF_FOLDER.get(parts[0]) if len(parts) > 1 else ("static" if parts[0] in STATIC else None)
         if tier is not None:
             item.add_marker(tier)

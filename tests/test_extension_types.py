@@ -5,6 +5,9 @@
 same fields, same optionality, same types (tests/extension_types.py). The kernel's side is held
 to the same schemas by tests/output/test_bundle.py and tests/kernel/test_workers_comm_kernel.py,
 which validate what it really writes with no field beyond the schema's.
+
+Imports internals (notebook.workers_comm, output.widgets.bundle): the versions and the kernel's
+status message it compares, below the public face.
 """
 
 from __future__ import annotations

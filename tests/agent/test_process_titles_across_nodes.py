@@ -1,4 +1,7 @@
-"""Node agents and their ranks say what they are in ps, top and nvidia-smi (/proc/<pid>/comm and cmdline)."""
+"""Node agents and their ranks say what they are in ps, top and nvidia-smi (/proc/<pid>/comm and cmdline).
+
+Imports internals (rank.process_title): its ``command_line`` reads /proc as ps does.
+"""
 
 from __future__ import annotations
 

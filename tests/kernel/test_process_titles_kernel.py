@@ -1,4 +1,7 @@
-"""In a real ipykernel, the fork server and a cell's ranks say what they are in ps, top and nvidia-smi."""
+"""In a real ipykernel, the fork server and a cell's ranks say what they are in ps, top and nvidia-smi.
+
+Imports internals (rank.process_title): its ``command_line`` reads /proc as ps does.
+"""
 
 from __future__ import annotations
 

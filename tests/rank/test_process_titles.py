@@ -3,6 +3,9 @@
 Each is a real process: ranks forked, spawned and forked by the real fork server, persistent
 workers, the server itself. The command line a process can show is as long as the one it was
 started with (nbaccel.rank.process_title), so expected titles are cut to this process's own.
+
+Imports internals (launch.fork_server, notebook.cell, rank.process_title): the server's pid, a
+compiled cell's label, the argument area's length; it tests those units directly.
 """
 
 from __future__ import annotations
