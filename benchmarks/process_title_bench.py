@@ -11,8 +11,8 @@ right after the fork, as a rank's bootstrap does it:
   words from the job's label (made once per launch, in the kernel), a prctl and a write of the
   argument area.
 
-Prints medians (microseconds) over ``--runs`` forks each, twice, and the naming's cost in pages'
-worth (naming above the floor / one page above the floor), with the load average.
+Prints medians (microseconds) over ``--runs`` forks each, twice (interleaved), and the naming's
+cost beside the first step's (a ratio), with the load average.
 
     python benchmarks/process_title_bench.py [--runs 201]
 """
@@ -90,7 +90,8 @@ def main() -> None:
     for round_ in range(2):
         floor, page, named = (figures[which][round_] for which in ("floor", "page", "name_rank"))
         print(
-            f"  round {round_ + 1}: one page written {page - floor:.1f} us, naming the rank {named - floor:.1f} us ({(named - floor) / max(page - floor, 0.1):.1f} pages' worth)"
+            f"  round {round_ + 1}: the first step {floor:.1f} us; one page written after it {page - floor:+.1f} us;"
+            f" naming the rank after it {named - floor:.1f} us ({(named - floor) / floor:.2f}x the first step)"
         )
     with open("/proc/loadavg") as load:
         print("load:", load.read().strip())
