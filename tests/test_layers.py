@@ -228,10 +228,24 @@ def test_fork_data_importers_are_the_known_ones() -> None:
 POOL_MAY_IMPORT_FROM_RANK = {"nbaccel.rank.serve": frozenset({"serve"})}
 
 
+# (importer, imported): a pool module that still takes rank-side code, waiting on a move, with its reason.
+_SHARDED = "sharded models build worker calls whose code is the rank's own: to be sent by name (wire/rank_calls.py) as RankCall is"
+KNOWN_POOL_RANK_IMPORTS: dict[tuple[str, str], str] = {
+    ("nbaccel.pool.sharded", "nbaccel.rank.checkpoint"): _SHARDED,
+    ("nbaccel.pool.sharded", "nbaccel.rank.gather"): _SHARDED,
+    ("nbaccel.pool.sharded", "nbaccel.rank.shard_place"): _SHARDED,
+    ("nbaccel.pool.worker_calls", "nbaccel.rank.gather"): _SHARDED,
+    ("nbaccel.pool.worker_calls", "nbaccel.rank.shard_place"): _SHARDED,
+}
+
+
 def test_the_pool_takes_from_the_rank_side_only_the_workers_loop() -> None:
     taken = [i for i in all_imports() if i.importer.startswith("nbaccel.pool") and i.imported.startswith("nbaccel.rank")]
-    wrong = [f"{i} {list(i.names)}" for i in taken if not i.names or not set(i.names) <= POOL_MAY_IMPORT_FROM_RANK.get(i.imported, frozenset())]
-    assert not wrong, "the pool imports rank-side modules for data that crosses the fork (give it a home in nbaccel/wire/):\n  " + "\n  ".join(wrong)
+    wrong = [i for i in taken if not i.names or not set(i.names) <= POOL_MAY_IMPORT_FROM_RANK.get(i.imported, frozenset())]
+    unknown = [f"{i} {list(i.names)}" for i in wrong if (i.importer, i.imported) not in KNOWN_POOL_RANK_IMPORTS]
+    assert not unknown, "the pool imports rank-side modules for data that crosses the fork (give it a home in nbaccel/wire/):\n  " + "\n  ".join(unknown)
+    stale = [f"{a} -> {b}" for a, b in KNOWN_POOL_RANK_IMPORTS if (a, b) not in {(i.importer, i.imported) for i in wrong}]
+    assert not stale, "known exceptions that no longer occur (remove them from KNOWN_POOL_RANK_IMPORTS):\n  " + "\n  ".join(stale)
 
 
 def test_errors_imports_no_layer() -> None:
