@@ -52,6 +52,9 @@ class LaunchPlan:
     stall_report: float | None = None  # seconds without output before each rank's stack is shown
     # TORCHELASTIC_RUN_ID of every rank: one per launch (or pool), kept across restarts as torchrun keeps its rendezvous id
     run_id: str = field(default_factory=lambda: f"nbaccel-{uuid.uuid4().hex[:12]}")
+    # What the device choice skipped or noticed, one line each ("GPU 0: 38.2 GiB used by pid 4242"):
+    # shown by nbaccel.plan() and %distributed plan
+    device_notes: tuple[str, ...] = ()
 
 
 @runtime_checkable
