@@ -33,6 +33,7 @@ from nbaccel.launch.options import (
 )
 from nbaccel.launch.plan import choose_starter, make_plan
 from nbaccel.launch.platform import require_linux
+from nbaccel.launch.preview import LaunchPreview, preview_cluster, preview_launch
 from nbaccel.launch.rendezvous import address_towards, is_loopback
 from nbaccel.launch.seam import GroupStarter, LaunchPlan, RankStarter, Sink
 from nbaccel.output.choose import make_sink
@@ -183,6 +184,82 @@ def notebook_launcher(
         return _run(LocalGroupStarter(starter), function, args, options, plan, output)
     finally:
         warm.import_noted()
+
+
+def plan(
+    function: Callable[..., Any] | None = None,
+    args: Sequence[Any] = (),
+    num_processes: int | None = None,
+    mixed_precision: MixedPrecision = "no",
+    use_port: int | str | None = None,
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: RdzvBackend = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+    *,
+    start_method: StartMethod = "auto",
+    timeout: float | None = None,
+    gpus: Sequence[int] | None = None,
+    cpu: bool = False,
+    output: OutputMode | Sink | None = None,
+    stall_report: float | None = DEFAULT_STALL_REPORT,
+    cluster: Cluster | None = None,
+    pdb: bool | None = None,
+    profile: bool | str = False,
+) -> LaunchPreview:
+    """What ``notebook_launcher`` with these arguments would do now, without starting anything.
+
+    The ranks, each rank's device and GPU, the backend, the start method and why (this kernel's
+    fork hazards, the fork server), the GPUs skipped and why, the environment every rank gets and
+    the notices the launch would print. ``print()`` it, or read its fields (``LaunchPreview``).
+    The arguments are ``notebook_launcher``'s (``function`` and ``args`` may be left out).
+
+    Example:
+        >>> print(plan(num_processes=2, cpu=True))  # doctest: +ELLIPSIS
+        nbaccel plan: 2 rank(s) on cpu, backend gloo, mixed precision no
+        start: fork: this kernel is fork-safe: ...
+        ...
+    """
+    if function is not None:
+        check_callable(function, args)
+    options = LaunchOptions(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,
+        start_method=start_method,
+        timeout=timeout,
+        max_restarts=max_restarts,
+        gpus=None if gpus is None else tuple(gpus),
+        cpu=cpu,
+        use_port=port_number(use_port),
+        master_addr=master_addr,
+        stall_report=stall_report,
+        pdb=bool(pdb),
+        profile=profile,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_conf=rdzv_items(rdzv_conf),
+        rdzv_id=rdzv_id,
+        monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
+    )
+    make_sink(output)  # a bad output is refused as the launch would refuse it
+    if cluster is not None:
+        from nbaccel.cluster.plan import cluster_plan
+
+        live = _check_cluster(cluster).live_nodes
+        return preview_cluster(options, cluster_plan(cluster, options, time.monotonic()), ", ".join(n.describe() for n in live) or "no node joined yet")
+    require_linux("notebook_launcher")
+    host, port = options.rendezvous_endpoint
+    interface = None if options.num_nodes == 1 or is_loopback(host) else _interface(address_towards(host, port))
+    return preview_launch(options, interface)
 
 
 def _run(
