@@ -1,0 +1,114 @@
+"""``nbaccel.plan()`` and ``%distributed plan``: what a launch would do, with nothing started, and
+the same reasons as the notices of the real launch that follows.
+
+Imports internals (launch.preview, launch.preflight): the tests make the kernel look unsafe.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+import nbaccel
+from nbaccel.launch import fork_server
+from nbaccel.launch import preview as preview_module
+from nbaccel.testing import mark_fork_safe, mark_not_fork_safe
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> int:
+        raise AssertionError("nbaccel.plan started something")
+
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+
+
+def test_a_cpu_plan_names_ranks_devices_backend_start_and_environment(nothing_starts: None, capsys: pytest.CaptureFixture[str]) -> None:
+    preview = nbaccel.plan(num_processes=2, cpu=True, mixed_precision="bf16")
+    assert isinstance(preview, nbaccel.LaunchPreview)
+    assert (preview.num_processes, preview.device_type, preview.backend, preview.start_method) == (2, "cpu", "gloo", "fork")
+    assert [(r.rank, r.local_rank, r.device, r.gpu) for r in preview.ranks] == [(0, 0, "cpu", None), (1, 1, "cpu", None)]
+    assert preview.ranks[1].environment["RANK"] == "1" and preview.ranks[1].environment["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert preview.ranks[0].environment["MASTER_PORT"] == preview_module.FREE_PORT
+    assert "fork-safe" in preview.start_reason and preview.hazards == ()
+    text = str(preview)
+    assert text.startswith("nbaccel plan: 2 rank(s) on cpu, backend gloo, mixed precision bf16\nstart: fork: this kernel is fork-safe")
+    assert "  GLOO_SOCKET_IFNAME=lo" in text and "environment of rank 1: LOCAL_RANK=1 RANK=1 ROLE_RANK=1" in text
+    assert text.endswith("(nothing was started)")
+    assert capsys.readouterr().out == ""  # no notice printed: they are in the preview
+
+
+def test_the_default_cpu_launch_notice_is_kept_not_printed(nothing_starts: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("nbaccel.launch.plan.visible_gpu_count", lambda: 0)
+    preview = nbaccel.plan()
+    assert preview.notices == ("no GPU visible; launching 2 CPU processes on gloo.",)
+    assert "a launch would say: nbaccel: no GPU visible; launching 2 CPU processes on gloo." in str(preview)
+    assert capsys.readouterr().out == ""
+
+
+def test_gpu_ranks_name_their_gpu(nothing_starts: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("nbaccel.launch.plan.visible_gpu_count", lambda: 4)
+    monkeypatch.setattr("nbaccel.launch.plan.nccl_guard", lambda gpus: None)
+    preview = nbaccel.plan(gpus=[1, 3])
+    assert (preview.device_type, preview.backend) == ("cuda", "nccl")
+    assert [(r.device, r.gpu, r.environment["CUDA_VISIBLE_DEVICES"]) for r in preview.ranks] == [("cuda:0", 1, "1,3"), ("cuda:1", 3, "1,3")]
+    assert "rank 1: cuda:1 (GPU 3 of this kernel)" in str(preview)
+
+
+def test_device_notes_are_shown(nothing_starts: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import nbaccel.launch.plan as planning
+
+    made = planning.make_plan
+    monkeypatch.setattr(planning, "make_plan", lambda *a: dataclasses.replace(made(*a), device_notes=("GPU 0: 38.2 GiB used by pid 4242",)))
+    preview = nbaccel.plan(num_processes=2, cpu=True)
+    assert preview.device_notes == ("GPU 0: 38.2 GiB used by pid 4242",)
+    assert "devices: GPU 0: 38.2 GiB used by pid 4242" in str(preview)
+
+
+def test_bad_arguments_are_refused_as_the_launch_refuses_them(nothing_starts: None) -> None:
+    with pytest.raises(ValueError, match="num_nodes must be"):
+        nbaccel.plan(num_nodes=0)
+    with pytest.raises(ValueError, match="unknown output 'html'"):
+        nbaccel.plan(output="html")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="function must be callable"):
+        nbaccel.plan(42)  # type: ignore[arg-type]
+
+
+def test_a_node_of_a_multi_node_launch(nothing_starts: None) -> None:
+    preview = nbaccel.plan(None, (), 2, "no", "29501", "127.0.0.1", 1, 2, cpu=True)
+    assert [r.rank for r in preview.ranks] == [2, 3]
+    assert preview.ranks[0].environment["WORLD_SIZE"] == "4" and preview.ranks[0].environment["MASTER_PORT"] == "29501"
+    assert "node 0's kernel serves a store bound to 127.0.0.1:29501" in preview.rendezvous
+
+
+@pytest.mark.timeout(120)
+def test_an_unsafe_kernel_plans_the_fork_server_with_the_launchs_own_words(capsys: pytest.CaptureFixture[str]) -> None:
+    fork_server.shutdown()
+    server = fork_server.fork_server()
+    mark_not_fork_safe("CUDA is initialised (pretend)")
+    try:
+        preview = nbaccel.plan(num_processes=2, cpu=True)
+        assert preview.start_method == "forkserver" and preview.hazards == ("CUDA is initialised (pretend)",)
+        assert capsys.readouterr().out == ""
+        nbaccel.notebook_launcher(int, num_processes=2, cpu=True, output="text")
+        said = [line.removeprefix("nbaccel: ") for line in capsys.readouterr().out.splitlines() if line.startswith("nbaccel: ")]
+        assert said == list(preview.notices) == [f"CUDA is initialised (pretend); starting the ranks from nbaccel's fork server (forked from this kernel before it became unsafe)."]
+        assert server.alive()
+    finally:
+        mark_fork_safe()
+        fork_server.shutdown()
+
+
+def test_fork_refused_in_an_unsafe_kernel_is_refused_by_the_plan_too() -> None:
+    mark_not_fork_safe("CUDA is initialised (pretend)")
+    try:
+        with pytest.raises(nbaccel.PreflightError, match="cannot fork the ranks: CUDA is initialised"):
+            nbaccel.plan(num_processes=2, start_method="fork")
+    finally:
+        mark_fork_safe()
