@@ -29,7 +29,6 @@ def require_linux(what: str) -> None:
     lacking = missing()
     if lacking:
         raise PreflightError(
-            f"{what} needs Linux: nbaccel starts its ranks with fork, passes functions in memfds and watches them through pidfds, "
-            f"and this system lacks {', '.join(lacking)}. nbaccel.PartialState() and the rest of the state API work here in one process; "
-            "run the launch on a Linux machine (or WSL 2 on Windows, a Linux container on macOS)."
+            f"{what} needs Linux (fork, memfd, pidfd), and this system lacks {', '.join(lacking)}; PartialState and the state API work here "
+            "in one process: run launches on Linux (WSL 2 on Windows, a Linux VM or container on macOS)."
         )
