@@ -16,9 +16,9 @@ from nbaccel.errors import RankFailedError
 from nbaccel.launch import warm
 from nbaccel.launch.debug_desk import debuggable_job, wants_post_mortem
 from nbaccel.launch.local import LocalGroupStarter
-from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.node_world import meet_nodes
 from nbaccel.launch.notices import say
+from nbaccel.launch.one_shot import run_launch
 from nbaccel.launch.options import (
     DEFAULT_STALL_REPORT,
     LaunchOptions,
@@ -295,7 +295,9 @@ def _on_cluster(
         raise naming_nodes(error, group_starter) from None
 
 
-def _on_nodes(starter: RankStarter, function: Callable[..., T], args: Sequence[Any], options: LaunchOptions, plan: LaunchPlan, output: str | Sink | None) -> list[T]:
+def _on_nodes(
+    starter: RankStarter, function: Callable[..., T], args: Sequence[Any], options: LaunchOptions, plan: LaunchPlan, output: str | Sink | None
+) -> list[T]:
     """One node of Accelerate's ``num_nodes`` launch: meet the other nodes' kernels, then run this node's ranks."""
     host, port = options.rendezvous_endpoint
     local_address = address_towards(host, port)

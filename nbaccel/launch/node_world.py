@@ -135,8 +135,7 @@ def meet_nodes(options: LaunchOptions, local_ranks: int, device_type: str, socke
     if len(set(devices)) > 1:
         said = ", ".join(f"node {rank}: {device}" for rank, device in enumerate(devices))
         raise PreflightError(
-            f"the nodes disagree on the device: {said}; "
-            "one process group needs one backend: pass cpu=True on every node, or give every node GPUs."
+            f"the nodes disagree on the device: {said}; one process group needs one backend: pass cpu=True on every node, or give every node GPUs."
         )
     nprocs = tuple(int(node["nproc"]) for node in nodes)
     world = NodeWorld(

@@ -22,7 +22,7 @@ from nbaccel.testing import mark_fork_safe, mark_not_fork_safe
 
 pytestmark = pytest.mark.timeout(120)
 
-PLUGIN = '''
+PLUGIN = """
 import codecs
 
 def _find(name):
@@ -31,7 +31,7 @@ def _find(name):
     return None
 
 codecs.register(_find)  # what a plugin does on import: register itself, export nothing needed
-'''
+"""
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ says in one line that nbaccel's launcher needs Linux, with nothing started.
 The platform is stubbed in a fresh interpreter: ``sys.platform`` and the ``os`` / ``socket``
 functions the system lacks (macOS: memfd, pidfd; Windows: fork too, and POSIX-only modules), after
 the standard library and torch were imported with the real platform (they read it at import).
+One test imports an internal (launch.platform) to check what it finds missing on Linux.
 """
 
 from __future__ import annotations

@@ -98,7 +98,11 @@ def test_an_unsafe_kernel_plans_the_fork_server_with_the_launchs_own_words(capsy
         assert capsys.readouterr().out == ""
         nbaccel.notebook_launcher(int, num_processes=2, cpu=True, output="text")
         said = [line.removeprefix("nbaccel: ") for line in capsys.readouterr().out.splitlines() if line.startswith("nbaccel: ")]
-        assert said == list(preview.notices) == [f"CUDA is initialised (pretend); starting the ranks from nbaccel's fork server (forked from this kernel before it became unsafe)."]
+        assert (
+            said
+            == list(preview.notices)
+            == ["CUDA is initialised (pretend); starting the ranks from nbaccel's fork server (forked from this kernel before it became unsafe)."]
+        )
         assert server.alive()
     finally:
         mark_fork_safe()
