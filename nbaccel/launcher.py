@@ -174,6 +174,7 @@ def notebook_launcher(
         log_line_prefix_template=log_line_prefix_template,
     )
     if cluster is not None:
+        _one_way_to_several_machines(options)
         return _on_cluster(function, args, options, output, _check_cluster(cluster), started)
     require_linux("notebook_launcher")
     plan = make_plan(options, started)
@@ -254,6 +255,7 @@ def plan(
     if cluster is not None:
         from nbaccel.cluster.plan import cluster_plan
 
+        _one_way_to_several_machines(options)
         live = _check_cluster(cluster).live_nodes
         return preview_cluster(options, cluster_plan(cluster, options, time.monotonic()), ", ".join(n.describe() for n in live) or "no node joined yet")
     require_linux("notebook_launcher")
@@ -310,8 +312,23 @@ def _on_nodes(
     )
     try:
         return _run(LocalGroupStarter(starter, world), function, args, options, plan, output, world.first_rank)
+    except RankFailedError as error:  # the loop numbers this node's ranks from 0: say the node and the global rank
+        from nbaccel.cluster.failures import NodeRankFailedError
+
+        where = {o.rank: f"node {world.node_rank} of {world.num_nodes} (global rank {world.global_rank(o.rank)})" for o in error.outcomes}
+        renamed = NodeRankFailedError(next(o for o in error.outcomes if o.rank == error.rank), error.outcomes, where)
+        renamed.attempts = error.attempts
+        raise renamed from None
     finally:
         meeting.close()
+
+
+def _one_way_to_several_machines(options: LaunchOptions) -> None:
+    if options.num_nodes > 1:
+        raise ValueError(
+            f"cluster= and num_nodes={options.num_nodes} are two ways to use several machines: pass cluster= alone (its nodes are its agents'), "
+            "or num_nodes with node_rank in each machine's notebook."
+        )
 
 
 def _interface(local_address: str | None) -> str:

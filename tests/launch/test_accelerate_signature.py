@@ -120,6 +120,7 @@ def test_the_prefix_template_labels_every_text_line(capsys: pytest.CaptureFixtur
         ({"num_nodes": 2, "max_restarts": 1}, ValueError, "cannot restart their ranks together.*cluster="),
         ({"num_nodes": 2, "start_method": "spawn"}, ValueError, "start_method='spawn' with num_nodes > 1"),
         ({"master_addr": "10.1.2.3"}, ValueError, "not a loopback address.*num_nodes=N"),
+        ({"num_nodes": 2, "cluster": object()}, ValueError, "cluster= and num_nodes=2 are two ways"),
     ],
 )
 def test_bad_node_values_are_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch, kwargs: dict, error: type, match: str) -> None:
@@ -234,7 +235,8 @@ def test_the_store_listens_on_master_addr_only_and_a_failed_launch_leaves_no_sta
     common["num_processes"] = 2
     nodes = [start_node("fail_on_rank_three", node_rank=rank, **common) for rank in (0, 1)]
     outs = [finish(node) for node in nodes]
-    assert "rank three fails" in outs[1], outs[1]
+    assert "ERROR NodeRankFailedError rank 1 on node 1 of 2 (global rank 3) failed: RuntimeError: rank three fails" in outs[1], outs[1]
+    assert "ERROR NodeRankFailedError rank " in outs[0] and "on node 0 of 2" in outs[0], outs[0]  # its peer in the barrier lost rank 3
     # ... and the next launch on the same port meets in a fresh store
     common["num_processes"] = 1
     nodes = [start_node("fail_on_rank_three", node_rank=rank, **common) for rank in (1, 0)]
