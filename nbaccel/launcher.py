@@ -257,7 +257,11 @@ def plan(
 
         _one_way_to_several_machines(options)
         live = _check_cluster(cluster).live_nodes
-        return preview_cluster(options, cluster_plan(cluster, options, time.monotonic()), ", ".join(n.describe() for n in live) or "no node joined yet")
+        return preview_cluster(
+            options,
+            cluster_plan(cluster, options, time.monotonic()),
+            ", ".join(f"node {n.describe()}: {n.nproc} rank(s)" for n in live) or "no node joined yet",
+        )
     require_linux("notebook_launcher")
     host, port = options.rendezvous_endpoint
     interface = None if options.num_nodes == 1 or is_loopback(host) else _interface(address_towards(host, port))

@@ -116,3 +116,20 @@ def test_fork_refused_in_an_unsafe_kernel_is_refused_by_the_plan_too() -> None:
             nbaccel.plan(num_processes=2, start_method="fork")
     finally:
         mark_fork_safe()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_cluster_plan_counts_every_nodes_ranks() -> None:
+    from tests.agent.harness import start_agents, stop_agents
+
+    with nbaccel.Cluster("127.0.0.1:0") as cluster:
+        agents = start_agents(cluster, nodes=2, nproc=1)
+        try:
+            cluster.wait(nodes=2, timeout=60)
+            preview = nbaccel.plan(cluster=cluster, cpu=True)
+        finally:
+            cluster.close()
+            stop_agents(agents)
+    assert (preview.num_processes, preview.start_method, preview.backend) == (2, "agents", "gloo")
+    assert preview.start_reason.startswith("each node's agent forks its own ranks (node 0 (") and preview.start_reason.endswith(": 1 rank(s))")
