@@ -141,11 +141,14 @@ def _preview(
 
 
 def _quiet_plan(options: LaunchOptions) -> tuple[LaunchPlan, list[str], dict[str, str]]:
-    """``make_plan`` with its notices kept and what it set in ``os.environ`` put back (and returned)."""
+    """``make_plan`` with its notices kept and what it set in ``os.environ`` put back (and returned).
+
+    Its device notes are not announced (a launch says each in one line: they lead the notices here)."""
     before = dict(os.environ)
     with kept() as notices:
         try:
-            plan = planning.make_plan(options, time.monotonic())
+            plan = planning.make_plan(options, time.monotonic(), announce=False)
+            notices[:0] = plan.device_notes
         finally:
             changed = {k: v for k, v in os.environ.items() if before.get(k) != v}
             for name in changed:

@@ -1,7 +1,8 @@
 """``nbaccel.plan()`` and ``%distributed plan``: what a launch would do, with nothing started, and
 the same reasons as the notices of the real launch that follows.
 
-Imports internals (launch.preview, launch.preflight): the tests make the kernel look unsafe.
+Imports internals (launch.preview, launch.plan, devices.inventory): the tests make the kernel look
+unsafe and the machine have GPUs (stand-ins for what NVML would answer).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import socket
 import pytest
 
 import nbaccel
+from nbaccel.devices.inventory import Device, Inventory, Occupant
 from nbaccel.launch import fork_server
+from nbaccel.launch import plan as planning
 from nbaccel.launch import preview as preview_module
 from nbaccel.testing import mark_fork_safe, mark_not_fork_safe
 
@@ -42,8 +45,12 @@ def test_a_cpu_plan_names_ranks_devices_backend_start_and_environment(nothing_st
     assert capsys.readouterr().out == ""  # no notice printed: they are in the preview
 
 
+def nvidia_gpus(count: int) -> Inventory:
+    return Inventory("cuda", "nvidia", tuple(Device(i, "NVIDIA H200", i) for i in range(count)))
+
+
 def test_the_default_cpu_launch_notice_is_kept_not_printed(nothing_starts: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("nbaccel.launch.plan.visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(planning, "gpu_inventory", lambda: Inventory("cpu", ""))
     preview = nbaccel.plan()
     assert preview.notices == ("no GPU visible; launching 2 CPU processes on gloo.",)
     assert "a launch would say: nbaccel: no GPU visible; launching 2 CPU processes on gloo." in str(preview)
@@ -51,24 +58,27 @@ def test_the_default_cpu_launch_notice_is_kept_not_printed(nothing_starts: None,
 
 
 def test_gpu_ranks_name_their_gpu(nothing_starts: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("nbaccel.launch.plan.visible_gpu_count", lambda: 4)
-    monkeypatch.setattr("nbaccel.launch.plan.nccl_guard", lambda gpus: None)
+    monkeypatch.setattr(planning, "gpu_inventory", lambda: nvidia_gpus(4))
+    monkeypatch.setattr(planning, "occupants", lambda found: {})
+    monkeypatch.setattr(planning, "nccl_guard", lambda gpus: None)
     preview = nbaccel.plan(gpus=[1, 3])
     assert (preview.device_type, preview.backend) == ("cuda", "nccl")
     assert [(r.device, r.gpu, r.environment["CUDA_VISIBLE_DEVICES"]) for r in preview.ranks] == [("cuda:0", 1, "1,3"), ("cuda:1", 3, "1,3")]
     assert "rank 1: cuda:1 (GPU 3 of this kernel)" in str(preview)
 
 
-def test_device_notes_are_shown(nothing_starts: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
-
-    import nbaccel.launch.plan as planning
-
-    made = planning.make_plan
-    monkeypatch.setattr(planning, "make_plan", lambda *a: dataclasses.replace(made(*a), device_notes=("GPU 0: 38.2 GiB used by pid 4242",)))
-    preview = nbaccel.plan(num_processes=2, cpu=True)
-    assert preview.device_notes == ("GPU 0: 38.2 GiB used by pid 4242",)
-    assert "devices: GPU 0: 38.2 GiB used by pid 4242" in str(preview)
+def test_a_busy_gpu_is_skipped_and_the_plan_says_why(nothing_starts: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(planning, "gpu_inventory", lambda: nvidia_gpus(3))
+    monkeypatch.setattr(
+        planning, "occupants", lambda found: {0: Occupant(pids={4242: 38 * 2**30}, unlisted=None, total=None)} if found.devices[0].index == 0 else {}
+    )
+    monkeypatch.setattr(planning, "nccl_guard", lambda gpus: None)
+    preview = nbaccel.plan()
+    assert [r.gpu for r in preview.ranks] == [1, 2]
+    [note] = preview.device_notes
+    assert note.startswith("GPU 0: 38.0 GiB used by pid 4242, so it is skipped")
+    assert preview.notices[0] == note  # what the launch would say, in its words
+    assert f"devices: {note}" in str(preview) and capsys.readouterr().out == ""
 
 
 def test_bad_arguments_are_refused_as_the_launch_refuses_them(nothing_starts: None) -> None:

@@ -69,6 +69,7 @@ def test_each_help_describes_every_option_once() -> None:
     assert option_lines(workers_help) == [
         *(o.flags[0] for o in LAUNCH_OPTIONS),
         "--wait-for",
+        "--watch",
         "--rank",
         "--rank",
         "-o",
