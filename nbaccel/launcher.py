@@ -111,7 +111,7 @@ def notebook_launcher(
             period to set.
         log_line_prefix_template: the prefix of every text line, torch elastic's macros
             ``${role_name}``, ``${rank}`` (global) and ``${local_rank}`` filled in; default
-            ``[rank N] ``. The widget view keeps its layout.
+            ``[rank N]`` and a space. The widget view keeps its layout.
         start_method: "auto" (fork; when forking is unsafe, nbaccel's fork server, else spawn),
             "fork", "forkserver" (ranks forked from nbaccel's fork server) or "spawn".
         timeout: seconds from the call after which every rank is stopped (LaunchTimeoutError).

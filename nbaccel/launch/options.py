@@ -82,7 +82,7 @@ class LaunchOptions:
         monitor_interval: accepted for Accelerate's signature; nbaccel's loop waits on every
             rank's pipes and pidfd at once, so it has no polling period to set.
         log_line_prefix_template: torch elastic's template of each text line's prefix
-            (``${role_name}``, ``${rank}``, ``${local_rank}``); None: ``[rank N] ``.
+            (``${role_name}``, ``${rank}``, ``${local_rank}``); None: ``[rank N]`` and a space.
     """
 
     num_processes: int | None = None

@@ -33,7 +33,7 @@ LinePrefix = Callable[[int], str]  # a rank's index in the launch -> the text be
 
 
 def line_prefix(template: str | None = None, first_rank: int = 0) -> LinePrefix:
-    """The prefix of a rank's text lines: ``[rank N] ``, or torch elastic's ``log_line_prefix_template``
+    """The prefix of a rank's text lines: ``[rank N]`` and a space, or torch elastic's ``log_line_prefix_template``
     with ``${role_name}``, ``${rank}`` (global) and ``${local_rank}`` filled in (``safe_substitute``:
     another ``$name`` stays as written). ``first_rank``: this node's first global rank.
 
