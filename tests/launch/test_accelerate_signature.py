@@ -64,6 +64,15 @@ def test_the_positional_parameters_are_accelerates_in_its_order() -> None:
     assert keywords >= {"start_method", "timeout", "gpus", "cpu", "output", "stall_report", "cluster", "pdb", "profile"}
 
 
+def test_the_names_and_order_are_those_of_the_installed_accelerate() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    theirs = [(p.name, p.default) for p in inspect.signature(accelerate.notebook_launcher).parameters.values()]
+    ours = [(p.name, p.default) for p in inspect.signature(nbaccel.notebook_launcher).parameters.values()][: len(theirs)]
+    assert [name for name, _ in ours] == [name for name, _ in theirs]
+    differing = {name: (mine, default) for (name, mine), (_, default) in zip(ours, theirs, strict=True) if mine != default}
+    assert differing == {"use_port": (None, "29500")}  # one node: a free port each launch (docs/launcher.md says why)
+
+
 @pytest.mark.timeout(90)
 def test_accelerates_documented_calls_run_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
     port = str(free_port())  # Accelerate passes the port as a string
