@@ -217,6 +217,26 @@ def test_two_nodes_notebooks_form_one_world(backend: str) -> None:
         assert f"ranks {first}..{first + 1} of 4 run here" in out
 
 
+def accelerator_world() -> tuple[int, int, int, bool, float]:
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    total = accelerator.reduce(torch.ones(1) * (accelerator.process_index + 1), reduction="sum")
+    return accelerator.process_index, accelerator.num_processes, accelerator.local_process_index, accelerator.is_local_main_process, total.item()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_accelerates_accelerator_sees_the_whole_world_of_two_nodes() -> None:
+    pytest.importorskip("accelerate")
+    port = free_port()
+    nodes = [start_node("accelerator_world", num_processes=2, use_port=str(port), node_rank=rank, num_nodes=2) for rank in (0, 1)]
+    node0, node1 = (values_of(finish(node)) for node in nodes)
+    assert node0 == [[0, 4, 0, True, 10.0], [1, 4, 1, False, 10.0]]
+    assert node1 == [[2, 4, 0, True, 10.0], [3, 4, 1, False, 10.0]]
+
+
 def fail_on_rank_three() -> int:
     import torch.distributed as dist
 
