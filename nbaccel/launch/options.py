@@ -198,8 +198,6 @@ def _check_nodes(options: LaunchOptions) -> None:
                 f"max_restarts={options.max_restarts!r} with num_nodes={options.num_nodes}: the nodes' notebooks cannot restart their ranks "
                 "together; pass max_restarts=0, or use cluster= (nbaccel.Cluster), which restarts every node's ranks."
             )
-        if options.start_method == "spawn":
-            raise ValueError("start_method='spawn' with num_nodes > 1 is not supported: leave start_method at 'auto' (fork, or the fork server).")
 
 
 RDZV_CONF_KEYS = ("join_timeout", "timeout", "rank", "read_timeout", "last_call_timeout", "close_timeout", "is_host")

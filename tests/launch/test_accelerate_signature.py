@@ -127,7 +127,6 @@ def test_the_prefix_template_labels_every_text_line(capsys: pytest.CaptureFixtur
         ({"monitor_interval": 0}, ValueError, "monitor_interval must be a positive number"),
         ({"log_line_prefix_template": 3}, TypeError, "log_line_prefix_template must be a string"),
         ({"num_nodes": 2, "max_restarts": 1}, ValueError, "cannot restart their ranks together.*cluster="),
-        ({"num_nodes": 2, "start_method": "spawn"}, ValueError, "start_method='spawn' with num_nodes > 1"),
         ({"master_addr": "10.1.2.3"}, ValueError, "not a loopback address.*num_nodes=N"),
         ({"num_nodes": 2, "cluster": object()}, ValueError, "cluster= and num_nodes=2 are two ways"),
     ],
@@ -235,6 +234,18 @@ def test_accelerates_accelerator_sees_the_whole_world_of_two_nodes() -> None:
     node0, node1 = (values_of(finish(node)) for node in nodes)
     assert node0 == [[0, 4, 0, True, 10.0], [1, 4, 1, False, 10.0]]
     assert node1 == [[2, 4, 0, True, 10.0], [3, 4, 1, False, 10.0]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_nodes_may_start_their_ranks_by_the_fork_server_or_spawn() -> None:
+    port = free_port()
+    common = {"num_processes": 1, "use_port": port, "num_nodes": 2}
+    nodes = [
+        start_node("rank_world_sum", node_rank=0, start_method="forkserver", **common),
+        start_node("rank_world_sum", node_rank=1, start_method="spawn", **common),
+    ]
+    assert [values_of(finish(node)) for node in nodes] == [[[0, 2, 3.0]], [[1, 2, 3.0]]]
 
 
 def fail_on_rank_three() -> int:
