@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -159,14 +160,32 @@ def _static(options: LaunchOptions, host: str, port: int, join_timeout: float) -
         return served.store, [served], served.child_closes
     from torch.distributed import TCPStore  # type: ignore[attr-defined]  # exported at run time only
 
-    try:  # the client retries until node 0's store is up, within join_timeout
+    _wait_listening(host, port, time.monotonic() + join_timeout, options)
+    try:
         client = TCPStore(host, port, None, False, datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
     except RuntimeError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # torch appends its C++ stack
         raise PreflightError(
-            f"node {options.node_rank} could not reach node 0's store at {host}:{port} within {join_timeout:g} s ({exc}); "
+            f"node {options.node_rank} could not reach node 0's store at {host}:{port} ({first_line}); "
             "run node_rank=0's notebook with the same master_addr and use_port, and check that this machine can reach it."
         ) from None
     return client, [client], ()
+
+
+def _wait_listening(host: str, port: int, deadline: float, options: LaunchOptions) -> None:
+    """Until node 0's store accepts a connection: plain connects, quiet and interruptible (a TCPStore
+    client would block in C++ for the whole join timeout, and log a C++ stack at each retry)."""
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise PreflightError(
+                    f"node 0's store at {host}:{port} did not come up within the join timeout; run node_rank=0's notebook_launcher(..., num_nodes={options.num_nodes}) "
+                    "with the same master_addr and use_port, and check that this machine can reach it (rdzv_conf={'join_timeout': SECONDS} waits longer)."
+                ) from None
+            time.sleep(_LOOK_EVERY * 4)
 
 
 def _c10d(options: LaunchOptions, host: str, port: int, join_timeout: float, local_address: str | None) -> tuple[Any, int, list[Any], tuple[str, int]]:

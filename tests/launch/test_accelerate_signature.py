@@ -330,3 +330,11 @@ def test_two_nodes_claiming_one_node_rank_are_refused(tmp_path: Path, monkeypatc
     assert len(refused) == 1, outs
     assert values_of(next(out for out in outs if out not in refused)) == [1]
     assert values_of(finish(node0)) == [0]
+
+
+@pytest.mark.timeout(60)
+def test_a_node_whose_node_0_never_comes_is_told_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    with pytest.raises(nbaccel.PreflightError, match=rf"node 0's store at 127.0.0.1:{port} did not come up within the join timeout"):
+        nbaccel.notebook_launcher(rank_world_sum, num_processes=1, use_port=port, num_nodes=2, node_rank=1, rdzv_conf={"join_timeout": 1})
+    assert "frame #" not in capfd.readouterr().err  # no C++ stack from torch's retrying client
