@@ -192,12 +192,11 @@ def _check_nodes(options: LaunchOptions) -> None:
     template = options.log_line_prefix_template
     if template is not None and not isinstance(template, str):
         raise TypeError(f"log_line_prefix_template must be a string such as '[${{role_name}}${{rank}}]: ' or None, got {template!r}.")
-    if options.num_nodes > 1:
-        if options.max_restarts:
-            raise ValueError(
-                f"max_restarts={options.max_restarts!r} with num_nodes={options.num_nodes}: the nodes' notebooks cannot restart their ranks "
-                "together; pass max_restarts=0, or use cluster= (nbaccel.Cluster), which restarts every node's ranks."
-            )
+    if options.num_nodes > 1 and options.max_restarts:
+        raise ValueError(
+            f"max_restarts={options.max_restarts!r} with num_nodes={options.num_nodes}: the nodes' notebooks cannot restart their ranks "
+            "together; pass max_restarts=0, or use cluster= (nbaccel.Cluster), which restarts every node's ranks."
+        )
 
 
 RDZV_CONF_KEYS = ("join_timeout", "timeout", "rank", "read_timeout", "last_call_timeout", "close_timeout", "is_host")
