@@ -135,8 +135,15 @@ class Cluster:
         time: str | None = None,
         partition: str | None = None,
         sbatch_options: Sequence[str] | str = (),
+        cpus_per_node: float | None = None,
+        strategy: str | None = None,
+        ray_address: str | None = None,
     ) -> list[AgentStart]:
-        """Start the agents from here: ``via="ssh"`` (``hosts``), ``"slurm"`` or a command template.
+        """Start the agents from here: ``via="ssh"`` (``hosts``), ``"slurm"``, ``"ray"`` or a command template.
+
+        ``via="ray"`` (the kernel a Ray driver: ``ray.init(address="auto")``, or ``ray_address=``):
+        a placement group of ``nodes`` bundles of ``gpus_per_node`` GPUs and ``cpus_per_node`` CPUs
+        (``strategy="STRICT_SPREAD"``: one per Ray node; ``"PACK"`` too), one agent actor in each.
 
         ``agent``: the agent's path on the nodes (default: the kernel's environment's
         ``nbaccel-agent``, right for a shared filesystem). Then ``wait(nodes=N)``: it fails at
@@ -145,6 +152,7 @@ class Cluster:
         See docs/multinode.md for the three ways.
         """
         slurm = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
+        slurm |= {"cpus_per_node": cpus_per_node, "strategy": strategy, "ray_address": ray_address}
         slurm = {name: value for name, value in slurm.items() if value is not None and value != ()}
         if self._closed:
             raise RuntimeError(f"the cluster at {self.address} is closed; make a new one")
