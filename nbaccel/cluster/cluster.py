@@ -166,11 +166,11 @@ class Cluster:
         ``agent``: the agent's path on the nodes (default: the kernel's environment's
         ``nbaccel-agent``, right for a shared filesystem). Then ``wait(nodes=N)``: it fails at
         once, with the starting command's exit code and output, when a starting command ends before its agent
-        joined. ``close()`` ends what was started (a submitted Slurm job is cancelled).
-        See docs/multinode.md for the three ways.
+        joined. ``close()`` ends what was started (a submitted Slurm job is cancelled, Ray's actors
+        and placement group removed). See docs/multinode.md for each way.
         """
-        slurm = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
-        slurm |= {"cpus_per_node": cpus_per_node, "strategy": strategy, "ray_address": ray_address}
+        slurm: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
+        slurm |= {"cpus_per_node": cpus_per_node, "strategy": strategy, "ray_address": ray_address}  # via="ray"
         slurm = {name: value for name, value in slurm.items() if value is not None and value != ()}
         if self._closed:
             raise RuntimeError(f"the cluster at {self.address} is closed; make a new one")
@@ -227,7 +227,9 @@ class Cluster:
         unmeasured = [n.name for n in self.nodes if n.alive and n.clock.count < clock.JOIN_SAMPLES]
         if unmeasured:  # joined, but silent to the clock probes: an agent that does not answer them
             waiting += f"; node(s) {', '.join(unmeasured)} joined but did not answer the clock probes"
-        return f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
+        return (
+            f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
+        )
 
     def close(self) -> None:
         """Tell every agent to stop its ranks and exit; release the port and the token file."""

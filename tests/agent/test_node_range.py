@@ -1,6 +1,7 @@
 """A node count that may grow: ``cluster.wait(nodes="MIN:MAX", settle=S)`` with real loopback agents,
 launches and pools on the nodes joined, and ``pool.restart()`` taking new nodes and dropping lost ones.
-The range lives in the cluster, so it is the same whichever way the agents were started."""
+The range lives in the cluster, so it is the same whichever way the agents were started. It imports the internal ``node_range`` to check
+the refusal words without a cluster."""
 
 from __future__ import annotations
 

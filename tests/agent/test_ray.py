@@ -73,7 +73,13 @@ class Kernel:
     def __init__(self, scenario: str, address: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": address}
         self.process = subprocess.Popen(
-            [sys.executable, str(KERNEL), scenario, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+            [sys.executable, str(KERNEL), scenario, address],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         self.said: list[str] = []
 

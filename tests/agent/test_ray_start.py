@@ -1,5 +1,6 @@
 """``start_agents(via="ray")`` refusals that need no Ray cluster: Ray missing, no Ray cluster to
-attach to, options that do not fit. (tests/agent/test_ray.py runs the real thing.)"""
+attach to, options that do not fit. (tests/agent/test_ray.py runs the real thing.) It imports the internal ``bundles``: what each actor reserves,
+checked without Ray."""
 
 from __future__ import annotations
 

@@ -60,7 +60,13 @@ _RAY_OPTIONS = {"nodes", "gpus_per_node", "cpus_per_node", "strategy", "ray_addr
 
 
 def _start_by_ray(
-    address: str, token_file: str, hosts: Sequence[str] | None, agent: str | list[str] | None, nproc_per_node: int | None, first_order: int, given: dict[str, Any]
+    address: str,
+    token_file: str,
+    hosts: Sequence[str] | None,
+    agent: str | list[str] | None,
+    nproc_per_node: int | None,
+    first_order: int,
+    given: dict[str, Any],
 ) -> AgentStart:
     from nbaccel.cluster.starters.ray import start_by_ray  # Ray is imported only when asked for
 

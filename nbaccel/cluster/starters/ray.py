@@ -111,25 +111,27 @@ class RayStart(AgentStart):
                 code, tail = self.ray.get(run)
             except Exception as exc:  # noqa: BLE001 - the actor died (its node, ray.kill): Ray's words say how
                 return f"{self.label}: the agent actor of bundle {index} died before its agent joined: {type(exc).__name__}: {str(exc).strip()[:400]}"
-            return f"{self.label}: the agent of bundle {index} ended with exit code {code} before it joined" + (f": {tail}" if tail else " (it printed nothing)")
+            return f"{self.label}: the agent of bundle {index} ended with exit code {code} before it joined" + (
+                f": {tail}" if tail else " (it printed nothing)"
+            )
         return None
 
     def stop(self, grace: float) -> None:
         """The agents were told to exit: give them ``grace`` seconds, then kill the actors and remove the group."""
         try:
             self.ray.wait(self.runs, num_returns=len(self.runs), timeout=grace)
-        except Exception:  # noqa: BLE001, S110 - Ray itself going away: the kills below still try
+        except Exception:  # noqa: BLE001 - Ray itself going away: the kills below still try
             pass
         for actor in self.actors:
             try:
                 self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001, S110 - already dead or Ray gone: nothing to end
+            except Exception:  # noqa: BLE001 - already dead or Ray gone: nothing to end
                 pass
         from ray.util import remove_placement_group
 
         try:
             remove_placement_group(self.group)
-        except Exception:  # noqa: BLE001, S110 - removed already (the job ended)
+        except Exception:  # noqa: BLE001 - removed already (the job ended)
             pass
 
     def __repr__(self) -> str:
