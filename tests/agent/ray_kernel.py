@@ -5,7 +5,9 @@ so the test process never becomes a Ray driver, and a kernel can die.
 argv: SCENARIO RAY_ADDRESS. Lines to the test: ``ASK <what> <arg>`` (the test acts on its Ray
 cluster, then answers with one line on stdin), and last ``REPORT <json>``.
 Scenarios: ``lifecycle`` (a launch, a pool across cells, a node lost and rescheduled, close) and
-``die`` (agents started, then the test kills this process), ``inspect`` (what Ray holds now).
+``die`` (agents started, then the test kills this process), ``spread`` (``lifecycle`` on CPU
+nodes, without the rescheduling: the namespaces' test), ``inspect`` (what Ray holds now).
+argv[3], if given: the address the Cluster listens on (default 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -58,12 +60,13 @@ def wait_for(condition: Any, timeout: float) -> float | None:
     return None
 
 
-def lifecycle(cluster: nbaccel.Cluster, report: dict[str, Any]) -> None:
+def lifecycle(cluster: nbaccel.Cluster, report: dict[str, Any], gpus: int = 1, reschedule: bool = True) -> None:
     started = time.monotonic()
-    (start,) = cluster.start_agents(via="ray", nodes=2, gpus_per_node=1, cpus_per_node=1, strategy="STRICT_SPREAD")
+    (start,) = cluster.start_agents(via="ray", nodes=2, gpus_per_node=gpus, cpus_per_node=1, strategy="STRICT_SPREAD")
     cluster.wait(nodes=2, timeout=120)
     report["ready_s"] = round(time.monotonic() - started, 2)
     report["nodes"] = [(n.started_by, n.gpus, n.nproc) for n in cluster.nodes]
+    report["addresses"] = sorted(n.address for n in cluster.nodes)
     table = ray.util.placement_group_table(start.group)
     report["bundle_nodes"] = [table["bundles_to_node_id"][i] for i in range(2)]
     report["agent_pids"] = [n.pid for n in cluster.nodes]
@@ -81,11 +84,11 @@ def lifecycle(cluster: nbaccel.Cluster, report: dict[str, Any]) -> None:
         report["after_loss"] = str(error).splitlines()[0]
     pool.restart()
     report["after_restart"] = pool.run(lambda: int(os.environ["RANK"]))
-    # A new Ray node: Ray reschedules the lost bundle there and restarts its actor; its agent joins.
-    ask("add")
-    pool.restart(wait_for=2, timeout=120)
-    report["after_reschedule"] = pool.run(lambda: int(os.environ["RANK"]))
-    report["rescheduled_on"] = ray.util.placement_group_table(start.group)["bundles_to_node_id"][lost]
+    if reschedule:  # a new Ray node: Ray reschedules the lost bundle there and restarts its actor; its agent joins
+        ask("add")
+        pool.restart(wait_for=2, timeout=120)
+        report["after_reschedule"] = pool.run(lambda: int(os.environ["RANK"]))
+        report["rescheduled_on"] = ray.util.placement_group_table(start.group)["bundles_to_node_id"][lost]
     pool.stop()
     report["agent_pids"] += [n.pid for n in cluster.live_nodes]
     cluster.close()
@@ -112,13 +115,15 @@ def die(cluster: nbaccel.Cluster, report: dict[str, Any]) -> None:
 
 def main() -> None:
     scenario, address = sys.argv[1], sys.argv[2]
+    host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"  # the Cluster's address: the head's, seen from the Ray nodes
     ray.init(address=address, log_to_driver=False)
     report: dict[str, Any] = {}
     if scenario == "inspect":
         report = ray_state()
     else:
-        with nbaccel.Cluster("127.0.0.1:0") as cluster:
-            {"lifecycle": lifecycle, "die": die}[scenario](cluster, report)
+        scenarios = {"lifecycle": lifecycle, "die": die, "spread": lambda c, r: lifecycle(c, r, gpus=0, reschedule=False)}
+        with nbaccel.Cluster(f"{host}:0") as cluster:
+            scenarios[scenario](cluster, report)
     ray.shutdown()
     print("REPORT " + json.dumps(report), flush=True)
 
