@@ -54,7 +54,10 @@ def main() -> None:
         ready, first, warm, close = (statistics.median(samples[via][k]) for k in ("ready", "first", "warm", "close"))
         print(f"{'nbaccel via ' + via:42s} {ready:7.2f}s {first:7.2f}s {warm:7.3f}s {close:7.2f}s")
     ratio = statistics.median(samples["ray"]["ready"]) / statistics.median(samples["ssh"]["ready"])
-    print(f"ready via ray / via ssh: {ratio:.2f}x; samples (s): " + json.dumps({v: {k: [round(x, 3) for x in xs] for k, xs in s.items()} for v, s in samples.items()}))
+    print(
+        f"ready via ray / via ssh: {ratio:.2f}x; samples (s): "
+        + json.dumps({v: {k: [round(x, 3) for x in xs] for k, xs in s.items()} for v, s in samples.items()})
+    )
     print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
 
 

@@ -60,7 +60,10 @@ def torchrun_static(script: str, nodes: int) -> None:
     common = ["--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", *common, "--node-rank", str(rank), script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [sys.executable, "-m", "torch.distributed.run", *common, "--node-rank", str(rank), script],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for rank in range(nodes)
     ]
@@ -105,7 +108,7 @@ def main() -> None:
         for count in arguments.nodes:
             try:
                 figures = on_nodes(count, arguments.runs)
-            except RuntimeError as error:  # under heavy load a launch can miss heartbeats: say so, go on
+            except Exception as error:  # noqa: BLE001 - under heavy load a launch can miss heartbeats: say so, go on
                 print(f"{count:>14d} failed (load {open('/proc/loadavg').read().split()[0]}): {str(error).splitlines()[0][:200]}", flush=True)
                 continue
             theirs = None
