@@ -24,6 +24,11 @@ sys.path.insert(0, str(ROOT))
 from tests.agent.ray_fabric import RayOnFabric  # noqa: E402 - after the path
 
 
+def load_average() -> list[str]:
+    with open("/proc/loadavg") as handle:
+        return handle.read().split()[:3]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -36,7 +41,7 @@ def main() -> None:
     reason = fabric_module.unavailable(slurm=False, ssh=True)
     if reason:
         raise SystemExit(f"ray_start_bench: {reason}")
-    print(f"load average before: {open('/proc/loadavg').read().split()[:3]}; {os.cpu_count()} CPUs", flush=True)
+    print(f"load average before: {load_average()}; {os.cpu_count()} CPUs", flush=True)
     with fabric_module.Fabric(nodes=2, slurm=False, ssh=True) as fabric:
         ray_nodes = RayOnFabric(fabric)
         try:
@@ -58,7 +63,7 @@ def main() -> None:
         f"ready via ray / via ssh: {ratio:.2f}x; samples (s): "
         + json.dumps({v: {k: [round(x, 3) for x in xs] for k, xs in s.items()} for v, s in samples.items()})
     )
-    print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"load average after: {load_average()}")
 
 
 if __name__ == "__main__":

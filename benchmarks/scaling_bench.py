@@ -91,6 +91,11 @@ def on_nodes(count: int, runs: int) -> dict[str, float]:
     return {"launch_wall": launch[0], "launch_cpu": launch[1], "cell_wall": cell[0], "cell_cpu": cell[1]}
 
 
+def load_average() -> list[str]:
+    with open("/proc/loadavg") as handle:
+        return handle.read().split()[:3]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -98,7 +103,7 @@ def main() -> None:
     parser.add_argument("--torchrun-max", type=int, default=4)
     parser.add_argument("--torchrun-runs", type=int, default=3)
     arguments = parser.parse_args()
-    print(f"load average before: {open('/proc/loadavg').read().split()[:3]}; {os.cpu_count()} CPUs")
+    print(f"load average before: {load_average()}; {os.cpu_count()} CPUs")
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
         handle.write("pass\n")
     floor = measure(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), arguments.runs)[0]  # one bare Python start
@@ -108,12 +113,12 @@ def main() -> None:
         for count in arguments.nodes:
             try:
                 figures = on_nodes(count, arguments.runs)
-            except Exception as error:  # noqa: BLE001 - under heavy load a launch can miss heartbeats: say so, go on
-                print(f"{count:>14d} failed (load {open('/proc/loadavg').read().split()[0]}): {str(error).splitlines()[0][:200]}", flush=True)
+            except Exception as error:  # under heavy load a launch can miss heartbeats: say so, go on
+                print(f"{count:>14d} failed (load {load_average()[0]}): {str(error).splitlines()[0][:200]}", flush=True)
                 continue
             theirs = None
             if count <= arguments.torchrun_max:
-                theirs = statistics.median([_timed(lambda: torchrun_static(handle.name, count)) for _ in range(arguments.torchrun_runs)])
+                theirs = statistics.median([_timed(lambda n=count: torchrun_static(handle.name, n)) for _ in range(arguments.torchrun_runs)])
             print(
                 f"{count:>14d} {figures['launch_wall'] * 1e3:>9.0f} ms {figures['launch_cpu'] * 1e3:>8.0f} ms {figures['launch_cpu'] / count * 1e3:>6.1f} ms"
                 f" {figures['cell_wall'] * 1e3:>7.0f} ms {figures['cell_cpu'] * 1e3:>8.0f} ms {figures['cell_cpu'] / count * 1e3:>6.1f} ms"
@@ -122,7 +127,7 @@ def main() -> None:
             )
     finally:
         os.unlink(handle.name)
-    print(f"floor: a bare `python -c pass` {floor * 1e3:.0f} ms; load average after: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"floor: a bare `python -c pass` {floor * 1e3:.0f} ms; load average after: {load_average()}")
 
 
 def _timed(call: Callable[[], object]) -> float:

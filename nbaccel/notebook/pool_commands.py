@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbaccel.notebook import cluster_command
-from nbaccel.notebook.magic_options import LAUNCH_OPTIONS, add_options, node_count, non_negative_int, positive_int, seconds, unsplittable, variable_name
+from nbaccel.notebook.magic_options import LAUNCH_OPTIONS, add_options, node_count, non_negative_int, seconds, unsplittable, variable_name
 
 COMMANDS = ("start", "stop", "restart", "status", "free", "stacks", "debug", "push", "pull", "cluster")
 
