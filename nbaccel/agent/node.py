@@ -26,7 +26,7 @@ from typing import Any
 from nbaccel import _version
 from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.node_ranks import NodeRanks
-from nbaccel.devices import nvml
+from nbaccel.devices.inventory import gpu_inventory
 from nbaccel.launch import warm
 from nbaccel.net import clock, protocol
 from nbaccel.net.link import Link, new_nonce, split_address
@@ -46,16 +46,23 @@ class AgentError(Exception):
 
 
 def visible_gpus() -> int:
-    """How many CUDA devices this node shows, counted through NVML: the agent never runs cuInit.
+    """How many GPUs this node's torch can drive (``node_devices``' count)."""
+    return node_devices()[0]
 
-    The agent forks its ranks, so CUDA must stay uninitialised in it; no NVIDIA driver means 0.
-    A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
+
+def node_devices() -> tuple[int, str]:
+    """This node's usable GPUs and their torch device type ("cuda", "xpu"; "cpu" without any),
+    from the kernel's one GPU map: the agent never initialises CUDA, HIP or Level Zero.
+
+    The agent forks its ranks, so no GPU runtime may start in it; no GPU its torch can drive
+    means 0. A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
     """
     # torch now, before the loop runs: the first launch's torch elastic would import it (seconds
     # on a busy machine, long enough to miss heartbeats), and forked ranks inherit it. No CUDA.
     import torch  # noqa: F401
 
-    return nvml.visible_count()
+    found = gpu_inventory()  # a CPU-only torch counts no GPU, a ROCm one AMD's, an XPU one Intel's
+    return len(found.devices), found.device_type if found.devices else "cpu"
 
 
 def launcher_facts(started_by: str, order: int | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -83,7 +90,7 @@ class NodeAgent:
         self.started_by, self.order = started_by, order
         self.host, self.port = split_address(address)
         self._secret = secret
-        self.gpus = visible_gpus()
+        self.gpus, self.device_type = node_devices()
         self.nproc = nproc_per_node or max(self.gpus, 1)
         self.link: Link | None = None
         self.ranks: NodeRanks | None = None
@@ -115,6 +122,7 @@ class NodeAgent:
             "address": local_address,
             "nproc": self.nproc,
             "gpus": self.gpus,
+            "device_type": self.device_type,
             "pid": os.getpid(),
             "version": _version.__version__,
         }

@@ -36,6 +36,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed push data labels
     %distributed pull model_state --rank 0 -o weights
     %distributed status
+    %distributed status --watch                       (a table kept up to date after every cell)
     %distributed free
     %distributed stacks
     %distributed debug --rank 1
@@ -75,9 +76,10 @@ def parser() -> MagicArgumentParser:
         help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start; MIN:MAX waits --settle S more for up to MAX",
     )
     restart.add_argument("--settle", type=seconds, default=0.0, metavar="S", help="with --wait-for MIN:MAX: seconds to wait for more than MIN nodes")
-    commands.add_parser(
+    status = commands.add_parser(
         "status", help="per rank: pid, device, idle or ended, CPU use, memory in use and its peak (GPU: allocated, reserved, device), last cell"
     )
+    status.add_argument("--watch", action="store_true", help="keep this table up to date: it is read again after every later cell, until the workers stop")
     commands.add_parser("free", help="on every rank: collect garbage and return torch's cached GPU memory; shows what each rank freed")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     debug = commands.add_parser("debug", help="post-mortem of a rank's last failed cell, in its frames (prompt in this cell; q ends it)")

@@ -17,6 +17,7 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
 from nbaccel.notebook.magic_options import start_options, with_cluster
-from nbaccel.notebook.worker_tables import free_table, status_table
+from nbaccel.notebook.worker_tables import StatusTable, free_table
 
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool
@@ -47,6 +48,7 @@ class NotebookWorkers:
         self._start_pool = start_pool
         self.pool: WorkerPool | None = None  # kept after a crash, so `restart` knows the options
         self.mode: str | None = None  # how the last %%distributed cell ran: "workers" or "one-shot"
+        self._watch: tuple[Any, Callable[..., None]] | None = None  # (shell, post_run_cell hook) of `status --watch`
 
     @property
     def user_ns(self) -> dict[str, Any]:
@@ -119,6 +121,7 @@ class NotebookWorkers:
 
     def close(self) -> None:
         """Stop the workers quietly (the extension is unloaded)."""
+        self._unwatch()
         pool, self.pool = self.pool, None
         if pool is not None and pool.alive:
             pool.stop()
@@ -151,12 +154,55 @@ class NotebookWorkers:
     # -- inspection and transfers ----------------------------------------------------------------
 
     def status(self, args: argparse.Namespace | None = None) -> None:
+        """The workers' table (html and text); with ``--watch``, kept up to date after every cell."""
         if self.running() is None:
             ended = self.pool is not None  # torn down after a failure, not stopped by the user
             # The answer to the command, not a notice: shown even with NBACCEL_QUIET=1.
             print(f"nbaccel: {NO_WORKERS}" + (" (or %distributed restart, with the same options)" if ended else ""))
             return
-        print(status_table(self.require().status()))
+        from IPython.display import display
+
+        if not getattr(args, "watch", False):
+            display(StatusTable(self.require().status()))  # type: ignore[no-untyped-call]
+            return
+        handle = display(self._watched_table(), display_id=True)  # type: ignore[no-untyped-call]
+        self._start_watch(handle)
+
+    def _watched_table(self) -> StatusTable | str:
+        pool = self.running()
+        if pool is None:
+            return f"nbaccel: {NO_WORKERS} (this table was watched until they stopped)"
+        return StatusTable(pool.status(), note=f"watched: read again after every cell; last read at {time.strftime('%H:%M:%S')}")
+
+    def _start_watch(self, handle: Any) -> None:
+        """Refresh ``handle`` after every later cell (IPython's post_run_cell, on the kernel's
+        main thread) until the workers stop; one watched table at a time."""
+        from IPython import get_ipython
+
+        self._unwatch()
+        shell = get_ipython()
+        if shell is None or handle is None:
+            return
+
+        def refresh(result: Any = None) -> None:
+            try:
+                table = self._watched_table()
+                handle.update(table)
+            except Exception as error:  # noqa: BLE001 - a watch must never break the user's cells
+                say(f"%distributed status --watch stopped: {type(error).__name__}: {error}")
+                table = ""
+            if not isinstance(table, StatusTable):
+                self._unwatch()
+
+        shell.events.register("post_run_cell", refresh)
+        self._watch = (shell, refresh)
+
+    def _unwatch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            shell, hook = watch
+            with contextlib.suppress(ValueError):
+                shell.events.unregister("post_run_cell", hook)
 
     def free(self, args: argparse.Namespace | None = None) -> None:
         """``gc.collect()`` and ``torch.cuda.empty_cache()`` on every rank; what each freed."""

@@ -149,10 +149,12 @@ def _forget_kernel_state() -> None:
 
 
 def _pin_device(env: dict[str, str]) -> None:
-    if env.get("NBACCEL_DEVICE_TYPE") == "cuda":
+    """A GPU rank's own device current before any user code: ``cuda:N`` (NVIDIA, AMD) or ``xpu:N``."""
+    kind = env.get("NBACCEL_DEVICE_TYPE")
+    if kind in ("cuda", "xpu"):
         import torch
 
-        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+        getattr(torch, kind).set_device(int(env.get("NBACCEL_DEVICE_INDEX") or env["LOCAL_RANK"]))
 
 
 def execute(job: Job, ends: ChildEnds) -> int:

@@ -70,6 +70,7 @@ def test_each_help_describes_every_option_once() -> None:
         *(o.flags[0] for o in LAUNCH_OPTIONS),
         "--wait-for",
         "--settle",
+        "--watch",
         "--rank",
         "--rank",
         "-o",
