@@ -5,7 +5,7 @@ so the test process never becomes a Ray driver, and a kernel can die.
 argv: SCENARIO RAY_ADDRESS. Lines to the test: ``ASK <what> <arg>`` (the test acts on its Ray
 cluster, then answers with one line on stdin), and last ``REPORT <json>``.
 Scenarios: ``lifecycle`` (a launch, a pool across cells, a node lost and rescheduled, close) and
-``die`` (agents started, then the test kills this process), ``spread`` (``lifecycle`` on CPU
+``die`` (agents started, then the test kills this process), ``pending`` (bundles that do not fit), ``spread`` (``lifecycle`` on CPU
 nodes, without the rescheduling: the namespaces' test), ``inspect`` (what Ray holds now).
 argv[3], if given: the address the Cluster listens on (default 127.0.0.1).
 """
@@ -113,6 +113,18 @@ def die(cluster: nbaccel.Cluster, report: dict[str, Any]) -> None:
     time.sleep(60)  # the test kills this process meanwhile
 
 
+def pending(cluster: nbaccel.Cluster, report: dict[str, Any]) -> None:
+    """Bundles the Ray cluster cannot hold (4 GPUs a node): the wait says so, close removes the group."""
+    (start,) = cluster.start_agents(via="ray", nodes=2, gpus_per_node=4, cpus_per_node=1)
+    try:
+        cluster.wait(nodes=2, timeout=5)
+    except TimeoutError as error:
+        report["timeout"] = str(error)
+    cluster.close()
+    group, actors = start.group.id.hex(), [a._actor_id.hex() for a in start.actors]
+    report["closed_in_s"] = wait_for(lambda: ray_state()["groups"][group] == "REMOVED" and all(ray_state()["actors"][a]["state"] == "DEAD" for a in actors), 30)
+
+
 def main() -> None:
     scenario, address = sys.argv[1], sys.argv[2]
     host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"  # the Cluster's address: the head's, seen from the Ray nodes
@@ -121,7 +133,7 @@ def main() -> None:
     if scenario == "inspect":
         report = ray_state()
     else:
-        scenarios = {"lifecycle": lifecycle, "die": die, "spread": lambda c, r: lifecycle(c, r, gpus=0, reschedule=False)}
+        scenarios = {"lifecycle": lifecycle, "die": die, "spread": lambda c, r: lifecycle(c, r, gpus=0, reschedule=False), "pending": pending}
         with nbaccel.Cluster(f"{host}:0") as cluster:
             scenarios[scenario](cluster, report)
     ray.shutdown()

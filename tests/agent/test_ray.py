@@ -187,3 +187,17 @@ def test_a_dead_kernel_takes_its_actors_agents_and_ranks_along(ray_cluster: RayC
         inspect.close()
     assert [state["actors"][a]["state"] for a in facts["actors"]] == ["DEAD", "DEAD"]
     assert state["groups"][facts["group"]] == "REMOVED"
+
+
+@pytest.mark.usefixtures("workers_end")
+def test_bundles_the_ray_cluster_cannot_hold_are_said_while_waiting_and_removed_at_close(ray_cluster: RayCluster) -> None:
+    kernel = Kernel("pending", ray_cluster.address)
+    try:
+        assert kernel.next_ask() is None
+        report = kernel.report(scaled(60))
+    finally:
+        kernel.close()
+    said = [line for line in kernel.said if line.startswith("nbaccel: waiting for ray placement group ")]
+    assert said and "PENDING (2 x {'CPU': 1, 'GPU': 4}, STRICT_SPREAD; the Ray cluster has " in said[0], kernel.said
+    assert report["timeout"].startswith("0 of 2 nodes joined the cluster at ") and ": PENDING (" in report["timeout"]
+    assert report["closed_in_s"] is not None
