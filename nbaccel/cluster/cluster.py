@@ -171,7 +171,7 @@ class Cluster:
         """
         slurm: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
         slurm |= {"cpus_per_node": cpus_per_node, "strategy": strategy, "ray_address": ray_address}  # via="ray"
-        slurm = {name: value for name, value in slurm.items() if value is not None and value != ()}
+        slurm = {name: value for name, value in slurm.items() if value is not None and value not in ((), [])}
         if self._closed:
             raise RuntimeError(f"the cluster at {self.address} is closed; make a new one")
         started = start_with(
