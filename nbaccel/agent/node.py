@@ -31,6 +31,7 @@ from nbaccel.launch import warm
 from nbaccel.net import clock, protocol
 from nbaccel.net.link import Link, new_nonce, split_address
 from nbaccel.net.signing import Message
+from nbaccel.rank import process_title
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
 _CONNECT_TIMEOUT = 10.0
@@ -85,8 +86,11 @@ def launcher_facts(started_by: str, order: int | None = None, environ: dict[str,
 class NodeAgent:
     """One node's agent; ``run()`` returns the process's exit code."""
 
-    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None, started_by: str = "", order: int | None = None) -> None:
+    def __init__(
+        self, address: str, secret: bytes, nproc_per_node: int | None = None, started_by: str = "", order: int | None = None, name_process: bool = False
+    ) -> None:
         self.address = address
+        self.name_process = name_process  # the agent is this process (nbaccel-agent), not a test's object: say so in ps
         self.started_by, self.order = started_by, order
         self.host, self.port = split_address(address)
         self._secret = secret
@@ -134,6 +138,8 @@ class NodeAgent:
             raise AgentError(f"the cluster at {self.address} did not accept this node ({welcome.kind})", EXIT_REFUSED)
         self.node = welcome.json()
         self.link = link
+        if self.name_process:
+            process_title.name_agent(str(self.node.get("node", "?")), self.address)
 
     def _first_messages(self, link: Link) -> list[Message]:
         deadline = time.monotonic() + _CONNECT_TIMEOUT

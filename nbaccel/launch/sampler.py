@@ -59,7 +59,8 @@ class ResourceSampler:
         return self._next
 
     def sample(self, now: float, ranks: list[int] | None = None) -> dict[int, dict[str, Any]]:
-        """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes}``,
+        """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes,
+        "cpu_time": seconds}`` (``cpu_time``: the user and system time the rank has used so far),
         and for a rank on a GPU ``gpu_mem`` (bytes; None when NVML cannot tell), ``peak_gpu_mem``
         and ``gpu_util`` (percent, None when NVML does not say).
 
@@ -123,7 +124,7 @@ class ResourceSampler:
         elapsed = now - then
         cpu = 100.0 * (ticks - ticks_then) / _TICKS / elapsed if elapsed > 0 else 0.0
         self.peaks[rank] = max(self.peaks.get(rank, 0), rss)
-        return {"cpu": round(cpu, 1), "rss": rss, "peak_rss": self.peaks[rank]}
+        return {"cpu": round(cpu, 1), "rss": rss, "peak_rss": self.peaks[rank], "cpu_time": round(ticks / _TICKS, 2)}
 
 
 def _held(use: DeviceUse, pid: int) -> int | None:

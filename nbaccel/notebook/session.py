@@ -67,7 +67,7 @@ class NotebookWorkers:
     def run(self, args: argparse.Namespace) -> None:
         """Carry out one parsed ``%distributed`` command."""
         if args.command == "push":
-            self.push(args.names)
+            self.push(args.names, args.shard, args.mesh)
         elif args.command == "pull":
             self.pull(args.name, args.rank, args.out)
         else:
@@ -226,15 +226,42 @@ class NotebookWorkers:
         except LookupError as error:
             raise UsageError(f"%distributed debug: {error}") from None
 
-    def push(self, names: list[str]) -> None:
+    def push(self, names: list[str], shard: bool | str = False, mesh: tuple[int, ...] | None = None) -> None:
         pool = self.require()
         missing = [name for name in names if name not in self.user_ns]
         if missing:
             raise UsageError(f"%distributed push: {_names(missing)} not defined in the notebook; define it first, or check the spelling.")
+        if mesh is not None and not shard:
+            raise UsageError("%distributed push: --mesh shapes a sharded push; add --shard (or drop --mesh).")
+        how: bool | Callable[[Any, Any], Any] = shard is True
+        if isinstance(shard, str):  # --shard RECIPE: a notebook function recipe(module, mesh)
+            recipe = self.user_ns.get(shard)
+            if not callable(recipe):
+                raise UsageError(f"%distributed push --shard {shard}: {shard!r} is not a function in the notebook; define recipe(module, mesh) first.")
+            how = recipe
         try:
-            pool.push(**{name: self.user_ns[name] for name in names})
-        except TypeError as error:  # the pool names the value that cannot be pickled
+            pool.push(shard=how, mesh=mesh, **{name: self.user_ns[name] for name in names})
+        except (TypeError, ValueError) as error:  # the pool names the value it cannot push, or the mesh that does not fit
             raise UsageError(f"%distributed push: {error}") from None
+
+    def save(self, args: argparse.Namespace) -> None:
+        """``%distributed save DIR NAME...``: DCP on every rank, atomic."""
+        path = self._checkpoint("save", lambda pool: pool.save(args.directory, *args.names))
+        say(f"saved {', '.join(args.names)} to {path} on {self.require().num_processes} ranks")
+
+    def load(self, args: argparse.Namespace) -> None:
+        """``%distributed load DIR NAME...``: resharded onto these ranks."""
+        self._checkpoint("load", lambda pool: pool.load(args.directory, *args.names))
+        say(f"loaded {', '.join(args.names)} from {args.directory} onto {self.require().num_processes} ranks")
+
+    def _checkpoint(self, command: str, call: Callable[[WorkerPool], Any]) -> Any:
+        from nbaccel.errors import CheckpointError
+
+        pool = self.require()
+        try:
+            return call(pool)
+        except CheckpointError as error:  # refused on every rank alike, before any write: the workers are kept
+            raise UsageError(f"%distributed {command}: {error}") from None
 
     def pull(self, name: str, rank: int, out: str | None) -> None:
         pool = self.require()

@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, stack_dump
+from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, process_title, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events, shm
@@ -52,6 +52,7 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
     modules_at_start = heavy_imports.present()
     try:
         _detach_from_kernel(parent_pid, close_fds)
+        _name_process(job, rank, env)
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
         _set_environment(env)
@@ -68,7 +69,9 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
         if isinstance(job, bytes):
             from nbaccel.wire.job_pickle import load_job
 
-            exit_code = execute(load_job(job, shm.rank_mailbox()), ends)
+            loaded = load_job(job, shm.rank_mailbox())
+            _name_process(loaded, rank, env)
+            exit_code = execute(loaded, ends)
         else:
             exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
@@ -118,6 +121,16 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def _name_process(job: Job | bytes, rank: int, env: dict[str, str]) -> None:
+    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi (``process_title.rank_title``'s
+    words, made here: every function a fresh rank runs copies its code's page). A job still in
+    bytes is named again once loaded; one passed its pipe ends is nbaccel's own loop (a
+    worker's, a node's job by value), which names the process itself."""
+    label = None if isinstance(job, bytes) or job.pass_ends else job.label or process_title.job_label(job.function)
+    world = env.get("WORLD_SIZE", "1")
+    process_title.set_title(f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}")
 
 
 def _set_environment(env: dict[str, str]) -> None:

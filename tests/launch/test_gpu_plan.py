@@ -110,6 +110,7 @@ print(json.dumps({"answers": answers, "driver": driver.driver_state().value}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("gpu", "expected"),

@@ -46,6 +46,7 @@ def grow_until_killed(cgroup: str) -> None:
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_rank_the_oom_killer_takes_is_named_with_its_peak_and_the_limit(memory_cgroup: Path) -> None:
     with pytest.raises(nbaccel.RankFailedError) as caught:
         nbaccel.notebook_launcher(grow_until_killed, args=(str(memory_cgroup),), num_processes=2, output=CollectingSink())

@@ -93,6 +93,7 @@ print(json.dumps({"devices": nbaccel.notebook_launcher(lambda: nbaccel.PartialSt
 """
 
 
+@pytest.mark.slow
 def test_without_nvml_the_driver_counts_in_a_child_and_the_kernel_stays_uninitialised(tmp_path: Path) -> None:
     """In a fresh interpreter: loading the fake libcuda (no cuInit) would stay loaded in this one."""
     import json

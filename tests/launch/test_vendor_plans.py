@@ -165,6 +165,7 @@ def hold_amd_memory(proc_folder: str) -> int:
     return rank
 
 
+@pytest.mark.slow
 def test_a_real_launch_samples_each_amd_rank_s_gpu_memory_from_kfd(amd_box: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # gloo ranks on the CPU, given the device map an AMD plan gives (rank r on cuda:r, AMD's tools)
     monkeypatch.setattr(LocalRankGroup, "local_gpus", lambda self: {rank: rank for rank in range(self.num_processes)})

@@ -75,10 +75,12 @@ def test_each_help_describes_every_option_once() -> None:
         "--settle",
         "--watch",
         "--rank",
+        "--shard",
+        "--mesh",
         "--rank",
         "-o",
         *cluster,
-    ]  # start's, restart's, debug's, pull's, cluster's
+    ]  # start's, restart's, debug's, push's, pull's, cluster's
 
 
 def test_wait_for_takes_a_node_count_or_a_range() -> None:

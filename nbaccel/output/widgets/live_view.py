@@ -68,6 +68,7 @@ class LaunchView:
         self.resources: dict[int, str] = {}  # rank -> "cpu 97% · 1.5 GiB" (at the end: its peak)
         self.peaks: dict[int, int] = {}  # rank -> most resident bytes sampled
         self.gpu_peaks: dict[int, int] = {}  # rank -> most device memory sampled (ranks on a GPU, where NVML says)
+        self.cpu_times: dict[int, float] = {}  # rank -> CPU seconds it had used at its latest sample
         self.panels: dict[int, RankPanel] = {rank: self._new_panel(rank) for rank in self.ranks}
         self.chip_row = w.HTML(self._chips_html(), _dom_classes=("nbaccel-chips",))
         self.title = w.HTML(self._title_html())

@@ -191,6 +191,8 @@ class LiveViewSink:
             self.view.peaks[rank] = max(self.view.peaks.get(rank, 0), int(event.get("peak_rss") or 0))
             if event.get("peak_gpu_mem") is not None:
                 self.view.gpu_peaks[rank] = max(self.view.gpu_peaks.get(rank, 0), int(event["peak_gpu_mem"]))
+            if event.get("cpu_time") is not None:
+                self.view.cpu_times[rank] = float(event["cpu_time"])
             self.view.set_resources(rank, resource_words(event))
             self._push_due(self.clock())
             return
@@ -339,7 +341,7 @@ class LiveViewSink:
             for panel in view.panels.values():
                 self.messages += panel.sync()
         for rank, peak in view.peaks.items():  # the saved view keeps each rank's peak, not its last sample
-            view.resources[rank] = peak_words({"peak_rss": peak, "peak_gpu_mem": view.gpu_peaks.get(rank)})
+            view.resources[rank] = peak_words({"peak_rss": peak, "peak_gpu_mem": view.gpu_peaks.get(rank), "cpu_time": view.cpu_times.get(rank)})
         summary = self._summary(self.clock() - self._started_at)
         straggler = wall_straggler(self._elapsed)
         if straggler:
