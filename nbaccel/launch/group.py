@@ -22,6 +22,7 @@ import gc
 import os
 import signal
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
@@ -32,8 +33,32 @@ from nbaccel.wire import events, shm
 from nbaccel.wire.job import Job
 from nbaccel.wire.rank_env import rank_environment
 
+if TYPE_CHECKING:
+    from nbaccel.launch.node_world import NodeWorld
+
 _NO_PIDFD_POLL = 0.02  # only where the OS has no pidfd: how often exits are looked for
 _STORE_ORDER = (-1, 0)  # a rank connecting to the store is served before any rank's output
+
+
+class Rendezvous(Protocol):
+    """Where the ranks' store is: the group's own ``LoopbackRendezvous``, or a ``num_nodes``
+    launch's store (``nbaccel.launch.node_world``), which the launch owns and the group only names."""
+
+    address: str
+    port: int
+
+    @property
+    def listen_fd(self) -> int | None: ...
+
+    @property
+    def store_started(self) -> bool: ...
+
+    @property
+    def child_closes(self) -> tuple[int, ...]: ...
+
+    def start_store(self, world_size: int, timeout: float = 300.0) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class LocalRankGroup:
@@ -41,15 +66,17 @@ class LocalRankGroup:
 
     def __init__(
         self,
-        rendezvous: LoopbackRendezvous | None,
+        rendezvous: Rendezvous | None,
         stack_files: StackFiles,
         device_type: str = "cpu",
         gpus: Sequence[int] | None = None,
         close_fds: Sequence[int] = (),
         with_shared: bool = True,
         gpu_vendor: str = "",
+        world: NodeWorld | None = None,
     ) -> None:
         self.rendezvous = rendezvous  # None: the ranks' store is elsewhere (a node agent's: the kernel's)
+        self.world = world  # this node's place in a num_nodes launch; None: the ranks are the whole world
         self.stack_files = stack_files
         self.processes: list[RankProcess] = []
         self.pipes: list[RankPipes] = []
@@ -60,22 +87,25 @@ class LocalRankGroup:
         self.gpu_vendor = gpu_vendor  # whose tools sample them (nbaccel.launch.loop.sampler_for)
         self._close_fds = list(close_fds)  # the starter's own fds no rank may keep (an agent's link)
         self._with_shared = with_shared
+        self._launch_ranks = False  # True for a node agent's group: its ranks' RANK is the launch's
 
     @property
     def num_processes(self) -> int:
         return len(self.processes)
 
     @classmethod
-    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, persistent: bool) -> LocalRankGroup:
+    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, persistent: bool, world: NodeWorld | None = None) -> LocalRankGroup:
         """Start ``plan.num_processes`` ranks running ``job``; on any failure nothing is left behind.
 
         A one-shot group starts its rendezvous store only when a rank first connects to it (most
         short functions never make a process group, and the store costs milliseconds); a
-        persistent one at once, since its ranks join their group before saying READY.
+        persistent one at once, since its ranks join their group before saying READY. With a
+        ``world`` (a ``num_nodes`` launch) the ranks use that launch's store instead.
         """
-        rendezvous = LoopbackRendezvous(plan.master_addr, plan.port)
-        group = cls(rendezvous, StackFiles(), plan.device_type, plan.gpus if plan.device_type != "cpu" else None, gpu_vendor=plan.gpu_vendor)
-        environments = [_environment(plan, rendezvous, rank, attempt) for rank in range(plan.num_processes)]
+        rendezvous: Rendezvous = world.rendezvous if world is not None else LoopbackRendezvous(plan.master_addr, plan.port)
+        gpus = plan.gpus if plan.device_type != "cpu" else None
+        group = cls(rendezvous, StackFiles(), plan.device_type, gpus, gpu_vendor=plan.gpu_vendor, world=world)
+        environments = [_environment(plan, rendezvous, rank, attempt, world) for rank in range(plan.num_processes)]
         return group._start_all(starter, job, environments, store_now=persistent)
 
     @classmethod
@@ -89,11 +119,12 @@ class LocalRankGroup:
         close_fds: Sequence[int],
         gpu_vendor: str = "",
     ) -> LocalRankGroup:
-        """Start one node's share of a launch across nodes: rank ``i`` of the group gets
+        """Start a node agent's share of a launch across nodes: rank ``i`` of the group gets
         ``environments[i]`` (its ``RANK`` the launch's; its store the kernel's, so no rendezvous
         here). ``gpus``: the ranks' CUDA_VISIBLE_DEVICES, None for the node's own order. Big values
         come in-band (no fd socket): they crossed the network already."""
         group = cls(None, StackFiles(), device_type, gpus, close_fds=close_fds, with_shared=False, gpu_vendor=gpu_vendor)
+        group._launch_ranks = True
         return group._start_all(starter, job, environments, store_now=False)
 
     def _start_all(self, starter: RankStarter, job: Job, environments: Sequence[dict[str, str]], store_now: bool) -> LocalRankGroup:
@@ -115,17 +146,20 @@ class LocalRankGroup:
         return self
 
     def _start_rank(self, starter: RankStarter, job: Job, index: int, env: dict[str, str]) -> None:
-        """Start the group's rank ``index`` (the launch's rank ``RANK``: the same on one node)."""
+        """Start the group's rank ``index`` (a node agent's: known to its debugger as the launch's ``RANK``)."""
         parent_ends, child_ends = open_rank_pipes(index, with_commands=True, with_shared=self._with_shared)
         self.pipes.append(parent_ends)
         # The rank must not hold the kernel's ends of any rank's pipes (EOF would never come),
         # nor the rendezvous socket (the port would outlive the launch), nor its starter's own.
         inherited = [fd for p in self.pipes for fd in p.all_fds] + self._close_fds
         inherited += [p.shared.sock.fileno() for p in self.pipes if p.shared is not None]
-        if self.rendezvous is not None and self.rendezvous.listen_fd is not None:
-            inherited.append(self.rendezvous.listen_fd)
+        if self.rendezvous is not None:
+            if self.rendezvous.listen_fd is not None:
+                inherited.append(self.rendezvous.listen_fd)
+            inherited += self.rendezvous.child_closes
+        number = int(env["RANK"]) if self._launch_ranks else index  # a node agent's rank is known by its launch's number
         try:
-            pid = starter.start(job, int(env.get("RANK", index)), env, child_ends, inherited)
+            pid = starter.start(job, number, env, child_ends, inherited)
         finally:
             close_child_ends(child_ends)
         self.processes.append(starter.process(index, pid))
@@ -300,7 +334,26 @@ def gpu_map(device_type: str, gpus: Sequence[int] | None, num_processes: int) ->
     return {rank: int(gpus[rank]) for rank in range(min(num_processes, len(gpus)))}
 
 
-def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, attempt: int) -> dict[str, str]:
+def _environment(plan: LaunchPlan, rendezvous: Rendezvous, rank: int, attempt: int, world: NodeWorld | None = None) -> dict[str, str]:
+    if world is not None:  # one node of a num_nodes launch: its ranks' place in the whole world
+        return rank_environment(
+            rank=world.first_rank + rank,
+            world_size=world.world_size,
+            local_rank=rank,
+            local_world_size=plan.num_processes,
+            node_rank=world.node_rank,
+            num_nodes=world.num_nodes,
+            master_addr=rendezvous.address,
+            master_port=rendezvous.port,
+            device_type=plan.device_type,
+            mixed_precision=plan.mixed_precision,
+            restart_count=attempt,
+            max_restarts=plan.max_restarts,
+            run_id=world.run_id,
+            visible_gpus=plan.gpus,
+            gpu_vendor=plan.gpu_vendor or "nvidia",
+            socket_interface=world.socket_interface,
+        )
     return rank_environment(
         rank=rank,
         world_size=plan.num_processes,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
-from nbaccel.notebook.magic_options import start_options, with_cluster
+from nbaccel.notebook.magic_options import launch_options, start_options, with_cluster
 from nbaccel.notebook.worker_tables import StatusTable, free_table
 
 if TYPE_CHECKING:
@@ -107,12 +107,24 @@ class NotebookWorkers:
         if wait_for is None:
             self.pool.restart()
         elif hasattr(self.pool, "cluster"):  # a pool across nodes: come back once N nodes are there
-            self.pool.restart(wait_for=wait_for)  # type: ignore[call-arg]
+            self.pool.restart(wait_for=wait_for, settle=getattr(args, "settle", 0.0))  # type: ignore[call-arg]
         else:
             raise UsageError(
                 f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster)."
             )
         self._say_ready(time.monotonic() - started, fresh=True)
+
+    def plan(self, args: argparse.Namespace) -> None:
+        """``%distributed plan``: ``nbaccel.plan()`` of the options, printed (the answer, even with NBACCEL_QUIET=1)."""
+        from nbaccel.errors import PreflightError
+        from nbaccel.launcher import plan
+
+        options, given = launch_options(args, "%distributed plan")
+        kwargs = with_cluster({name: getattr(options, name) for name in given}, args, self.user_ns, "%distributed plan")
+        try:
+            print(plan(**kwargs))
+        except (ValueError, TypeError, PreflightError) as error:
+            raise UsageError(f"%distributed plan: {error}") from None
 
     def cluster(self, args: argparse.Namespace) -> None:
         from nbaccel.notebook.cluster_command import start_cluster
