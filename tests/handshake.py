@@ -1,0 +1,65 @@
+"""Handshakes between a test and its ranks: wait for what happened, never "long enough".
+
+A rank (or the test) says it reached a point by creating a marker file; the other side waits
+for the file, in short polls, up to a bound. Where the point is "blocked inside a C call" (a
+collective whose peer never comes, a native sleep), the rank cannot say so itself once there:
+it marks the moment before the call with its pid, and the waiter then watches that thread's
+scheduler state in ``/proc`` until the kernel has put it to sleep.
+
+Example::
+
+    # in rank 0                                   # in rank 1
+    mark(path)                                    wait_until_blocked(path)
+    dist.all_reduce(t)  # blocks: rank 1 never    raise ValueError("boom")  # rank 0 is in it
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_POLL_S = 0.01
+_ASLEEP_READS = 3  # consecutive reads that see the thread asleep: not a passing lock wait
+
+
+def mark(path: str | os.PathLike[str]) -> None:
+    """Create the marker ``path`` holding this process's pid (whole when it appears: renamed in)."""
+    partial = f"{os.fspath(path)}.{os.getpid()}.partial"
+    with open(partial, "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(partial, path)
+
+
+def wait_for(*paths: str | os.PathLike[str], timeout: float = 30.0) -> None:
+    """Return once every marker in ``paths`` exists; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            missing = [os.fspath(p) for p in paths if not os.path.exists(p)]
+            raise TimeoutError(f"no marker {missing} within {timeout} s")
+        time.sleep(_POLL_S)
+
+
+def wait_until_blocked(path: str | os.PathLike[str], timeout: float = 30.0) -> int:
+    """Wait for the marker ``path``, then until its process's main thread sleeps in the kernel
+    (state S, several reads in a row): it has entered the blocking call it marked just before.
+    Returns the pid. Only the main thread is looked at; the call must come right after ``mark``
+    with nothing on the way that sleeps (the rank runs no other Python thread that could hold
+    the GIL)."""
+    wait_for(path, timeout=timeout)
+    pid = int(Path(path).read_text())
+    deadline = time.monotonic() + timeout
+    asleep = 0
+    while asleep < _ASLEEP_READS:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} did not block within {timeout} s after its marker {os.fspath(path)!r}")
+        asleep = asleep + 1 if thread_state(pid) == "S" else 0
+        time.sleep(_POLL_S)
+    return pid
+
+
+def thread_state(pid: int, tid: int | None = None) -> str:
+    """The scheduler state letter of a thread (default the main one): R running, S asleep, ..."""
+    stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]  # the command name, in parentheses, may hold spaces
