@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from nbaccel.testing import CollectingSink
 
 _POLL_S = 0.01
 _ASLEEP_READS = 3  # consecutive reads that see the thread asleep: not a passing lock wait
 
 
-def mark(path: str | os.PathLike[str]) -> None:
-    """Create the marker ``path`` holding this process's pid (whole when it appears: renamed in)."""
+def mark(path: str | os.PathLike[str], text: str | None = None) -> None:
+    """Create the marker ``path`` holding ``text`` (default this process's pid), whole when it
+    appears (renamed in)."""
     partial = f"{os.fspath(path)}.{os.getpid()}.partial"
     with open(partial, "w") as handle:
-        handle.write(str(os.getpid()))
+        handle.write(str(os.getpid()) if text is None else text)
     os.replace(partial, path)
 
 
@@ -63,3 +68,53 @@ def thread_state(pid: int, tid: int | None = None) -> str:
     """The scheduler state letter of a thread (default the main one): R running, S asleep, ..."""
     stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]  # the command name, in parentheses, may hold spaces
+
+
+class MarkWhen(CollectingSink):
+    """A collecting sink that creates ``marker`` once ``condition(self)`` holds after a line or an
+    event arrived: the ranks learn what the kernel saw (a sample, a line of every rank)."""
+
+    def __init__(self, marker: str | os.PathLike[str], condition: Callable[[CollectingSink], bool]) -> None:
+        super().__init__()
+        self.marker, self.condition, self.marked = marker, condition, False
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        super().output(rank, stream, lines)
+        self._check()
+
+    def event(self, rank: int, event: dict[str, Any]) -> None:
+        super().event(rank, event)
+        self._check()
+
+    def _check(self) -> None:
+        if not self.marked and self.condition(self):
+            self.marked = True
+            mark(self.marker)
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def grow_until_sampled(asked: str, seen: str, grow: int = 64 * 2**20) -> bytearray:
+    """In a rank: touch ``grow`` more bytes, say in ``asked`` how many resident bytes only a later
+    sample can show, and wait until the kernel's sink saw such a sample (``seen``, made by
+    ``MarkWhen(seen, sampled_above(rank, asked))``). A sample that shows the growth was read
+    after it, so after whatever the rank did before growing (moving into a cgroup)."""
+    held = bytearray(b"x" * grow)
+    mark(asked, str(resident_bytes() - grow // 2))  # above any sample from before the growth
+    wait_for(seen)
+    return held
+
+
+def sampled_above(rank: int, asked: str | os.PathLike[str]) -> Callable[[CollectingSink], bool]:
+    """The condition: a resources sample of ``rank`` shows the resident bytes ``asked`` holds."""
+
+    def holds(sink: CollectingSink) -> bool:
+        if not os.path.exists(asked):
+            return False
+        floor = int(Path(asked).read_text())
+        return any(e.get("type") == "resources" and (e.get("rss") or 0) >= floor for e in sink.events.get(rank, []))
+
+    return holds

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -54,20 +53,31 @@ def test_a_pool_across_nodes_keeps_its_group_and_namespaces(two_nodes: Cluster) 
 def _nap() -> None:
     import time
 
+    print("napping", flush=True)
     time.sleep(30)
+
+
+class InterruptOnceAllNap(CollectingSink):
+    """Interrupts the kernel (as the stop button does) once every rank said it naps: an event,
+    not a guess of how long a task takes to reach four ranks on two nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent_at: float | None = None
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        super().output(rank, stream, lines)
+        if self.sent_at is None and all("napping" in self.text(r) for r in range(4)):
+            self.sent_at = time.monotonic()
+            interrupt_main_thread()
 
 
 def test_an_interrupted_task_leaves_the_pool_alive(two_nodes: Cluster) -> None:
     with start_workers(cluster=two_nodes) as pool:
-        timer = threading.Timer(1.0, interrupt_main_thread)
-        timer.start()
-        started = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                pool.run(_nap, output=CollectingSink())
-        finally:
-            timer.cancel()
-        assert time.monotonic() - started < 1.0 + scaled(5.0)
+        sink = InterruptOnceAllNap()
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(_nap, output=sink)
+        assert sink.sent_at is not None and time.monotonic() - sink.sent_at < scaled(5.0)
         assert pool.run(lambda: "after", output=CollectingSink()) == ["after"] * 4
 
 
