@@ -318,9 +318,11 @@ def test_spawn_carries_closures_defined_anywhere_by_value() -> None:
     assert nbaccel.notebook_launcher(closure, num_processes=2, start_method="spawn") == [41, 42]
 
 
-def test_spawn_failures_are_reported_like_fork_failures() -> None:
+def test_spawn_failures_are_reported_like_fork_failures(tmp_path) -> None:
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: boom"):
-        nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_waits_in_a_collective, num_processes=2, start_method="spawn")
+        nbaccel.notebook_launcher(
+            fail_on_rank_one_while_rank_zero_waits_in_a_collective, (str(tmp_path / "in-all-reduce"),), num_processes=2, start_method="spawn"
+        )
 
 
 def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe_and_the_server_is_off(
