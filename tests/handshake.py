@@ -16,6 +16,8 @@ Example::
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,3 +120,20 @@ def sampled_above(rank: int, asked: str | os.PathLike[str]) -> Callable[[Collect
         return any(e.get("type") == "resources" and (e.get("rss") or 0) >= floor for e in sink.events.get(rank, []))
 
     return holds
+
+
+class InterruptOnceAllSay(CollectingSink):
+    """Interrupts the kernel (this process's main thread, with a real SIGINT, as the stop button
+    does) once each of ``ranks`` printed a line holding ``word``: an event, not a guess of how long
+    starting takes. ``sent_at`` is when (monotonic), None until then."""
+
+    def __init__(self, word: str, ranks: int = 2) -> None:
+        super().__init__()
+        self.word, self.expected = word, ranks
+        self.sent_at: float | None = None
+
+    def output(self, rank: int, stream: str, lines: list[str]) -> None:
+        super().output(rank, stream, lines)
+        if self.sent_at is None and all(any(self.word in line for line in self.text(r)) for r in range(self.expected)):
+            self.sent_at = time.monotonic()
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)

@@ -8,7 +8,8 @@ import pytest
 
 from nbaccel import Cluster, NodeRankFailedError, PoolStoppedError, notebook_launcher, start_workers
 from nbaccel.testing import CollectingSink, scaled
-from tests.agent.harness import descendants, interrupt_main_thread, wait_until
+from tests.agent.harness import descendants, wait_until
+from tests.handshake import InterruptOnceAllSay
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -57,24 +58,9 @@ def _nap() -> None:
     time.sleep(30)
 
 
-class InterruptOnceAllNap(CollectingSink):
-    """Interrupts the kernel (as the stop button does) once every rank said it naps: an event,
-    not a guess of how long a task takes to reach four ranks on two nodes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent_at: float | None = None
-
-    def output(self, rank: int, stream: str, lines: list[str]) -> None:
-        super().output(rank, stream, lines)
-        if self.sent_at is None and all("napping" in self.text(r) for r in range(4)):
-            self.sent_at = time.monotonic()
-            interrupt_main_thread()
-
-
 def test_an_interrupted_task_leaves_the_pool_alive(two_nodes: Cluster) -> None:
     with start_workers(cluster=two_nodes) as pool:
-        sink = InterruptOnceAllNap()
+        sink = InterruptOnceAllSay("napping", ranks=4)
         with pytest.raises(KeyboardInterrupt):
             pool.run(_nap, output=sink)
         assert sink.sent_at is not None and time.monotonic() - sink.sent_at < scaled(5.0)

@@ -24,6 +24,7 @@ import pytest
 import nbaccel
 from nbaccel.launch import debug_desk
 from nbaccel.testing import CollectingSink
+from tests.handshake import InterruptOnceAllSay
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -104,20 +105,6 @@ def test_a_pool_started_used_and_stopped_leaves_the_kernels_handling(kernel_hand
     assert handling() == kernel_handling
 
 
-class InterruptOnceAllWork(CollectingSink):
-    """Sends this process SIGINT (as the stop button sends the kernel) once every rank said it works."""
-
-    def __init__(self, ranks: int = 2) -> None:
-        super().__init__()
-        self.expected, self.sent = ranks, False
-
-    def output(self, rank: int, stream: str, lines: list[str]) -> None:
-        super().output(rank, stream, lines)
-        if not self.sent and all("working" in self.text(r) for r in range(self.expected)):
-            self.sent = True
-            os.kill(os.getpid(), signal.SIGINT)
-
-
 def work_until_interrupted() -> None:
     import time
 
@@ -127,14 +114,14 @@ def work_until_interrupted() -> None:
 
 def test_an_interrupted_launch_leaves_the_kernels_handling(interruptible: dict[str, Any]) -> None:
     with pytest.raises(KeyboardInterrupt):
-        nbaccel.notebook_launcher(work_until_interrupted, num_processes=2, output=InterruptOnceAllWork())
+        nbaccel.notebook_launcher(work_until_interrupted, num_processes=2, output=InterruptOnceAllSay("working"))
     assert handling() == interruptible
 
 
 def test_an_interrupted_task_leaves_the_kernels_handling(interruptible: dict[str, Any]) -> None:
     with nbaccel.start_workers(2) as pool:
         with pytest.raises(KeyboardInterrupt):
-            pool.run(work_until_interrupted, output=InterruptOnceAllWork())
+            pool.run(work_until_interrupted, output=InterruptOnceAllSay("working"))
         assert handling() == interruptible
         assert pool.run(worker_handling, output=CollectingSink()) == [WORKERS_INTERRUPTIBLE] * 2  # the pool lives on
     assert handling() == interruptible
