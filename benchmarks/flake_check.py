@@ -75,12 +75,12 @@ def pytest_runtest_logreport(report: Any) -> None:
         _failures.append(f"{report.nodeid} ({report.when}):\n{report.longreprtext[-4000:]}\n")
     elif report.when == "call":
         _outcomes.setdefault(test, Counter())[report.outcome] += 1
-
-
-def pytest_sessionfinish(session: Any) -> None:
+    else:
+        return
     path = os.environ.get(REPORT_VARIABLE)
-    if path:
-        Path(path).write_text(json.dumps({"outcomes": _outcomes, "failures": _failures}))
+    if path:  # after every run: what ran is counted even if the session is cut short
+        Path(path + ".partial").write_text(json.dumps({"outcomes": _outcomes, "failures": _failures}))
+        os.replace(path + ".partial", path)
 
 
 # ---- the script ----
@@ -109,8 +109,13 @@ def run_tests(args: argparse.Namespace, report: Path) -> int:
     }
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "flake_check", *TESTS]
     argv += ["-k", args.k] if args.k else []
-    started = subprocess.Popen(argv, cwd=ROOT, env=env, preexec_fn=None if args.foreground else ignore_sigint, stdout=subprocess.DEVNULL)
-    return started.wait()
+    tests = subprocess.Popen(argv, cwd=ROOT, env=env, preexec_fn=None if args.foreground else ignore_sigint, stdout=subprocess.DEVNULL)
+    try:
+        return tests.wait()
+    finally:
+        if tests.poll() is None:
+            tests.terminate()
+            tests.wait(30)
 
 
 def print_counts(result: dict[str, Any], runs: int, failures_at: Path) -> None:
@@ -135,6 +140,7 @@ def main() -> None:
     report = folder / "report.json"
     print(f"{args.runs} runs of each test, {args.load} CPU burners, SIGINT {'as it is' if args.foreground else 'ignored at start'}")
     print(f"load average before: {Path('/proc/loadavg').read_text().split()[:3]}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("flake_check: stopped by SIGTERM"))  # the burners still go
     burners = start_load(args.load)
     started = time.monotonic()
     try:
