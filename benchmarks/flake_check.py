@@ -36,6 +36,7 @@ TESTS = [
     "tests/pool/test_pool_soundness.py::test_an_interrupt_that_leaves_ranks_out_of_step_stops_the_pool_and_says_why",
     "tests/pool/test_pool_soundness.py::test_a_failure_that_leaves_ranks_out_of_step_raises_it_and_stops_the_pool",
     "tests/launch/test_memory.py::test_a_rank_the_oom_killer_takes_is_named_with_its_peak_and_the_limit",
+    "tests/launch/test_sampling.py::test_a_rank_sampled_while_the_oom_killer_ends_it_keeps_its_cgroup",
     "tests/launch/test_gpu_sampling.py::test_a_real_launch_samples_its_ranks_gpu_use_through_the_loop",
     "tests/launch/test_profile.py::test_a_rank_stopped_after_a_peers_failure_still_writes_its_trace",
     "tests/launch/test_launch.py::test_interrupt_raises_keyboard_interrupt_stops_ranks_and_restores_nothing_it_did_not_touch",
@@ -50,7 +51,7 @@ TESTS = [
     "tests/test_leak_check.py::test_the_autouse_check_fails_a_leaking_test_and_passes_a_clean_one",
 ]
 RUNS_VARIABLE, REPORT_VARIABLE = "FLAKE_CHECK_RUNS", "FLAKE_CHECK_REPORT"
-_RUN_ID = re.compile(r"-?run\d+(?=\])|\[run\d+\]")
+_RUN_ID = re.compile(r"(?<=\[)run\d+-|-?run\d+(?=\])")  # this plugin's parameter, first or alone
 
 
 # ---- the pytest plugin (loaded in the child pytest with -p flake_check) ----
