@@ -10,7 +10,7 @@ execute_request to receiving its execute_reply. Measured, as medians over many r
   beside the same cells as one-shot launches (``%%distributed -n N``), and a plain local
   ``pass`` cell in the same kernel, measured interleaved with them; ratios are to that local cell.
 
-Targets (issue 5): the trivial cell on 2 workers within 1.5x the local cell; start < 0.5 s for 4
+Targets: the trivial cell on 2 workers within 1.5x the local cell; start < 0.5 s for 4
 CPU ranks. ``--profile`` adds a cProfile of the kernel side of the trivial pool cell.
 
     python benchmarks/pool_bench.py [--runs 200] [--one-shot-runs 15] [--ranks 2,4] [--profile]

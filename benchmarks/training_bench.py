@@ -11,7 +11,7 @@ Each kernel has imported torch and the launcher before the first launch, as a no
 
 Reported per launcher: time to the first optimizer step (from the launching call, or from the
 torchrun command for torchrun) and steady-state steps per second (after warm-up steps), medians,
-and the ratios the issue sets as targets: steps/s >= 0.98x torchrun's, time to first step
+and the ratios set as targets: steps/s >= 0.98x torchrun's, time to first step
 <= 0.5x Accelerate's. Every rank writes its figures to a file, because Accelerate's launcher
 drops return values.
 

@@ -846,6 +846,154 @@ cluster.close()                              # the agents stop their ranks and e
 ]
 
 
+SHARDED_WORKERS = [
+    md("""
+# A sharded model that lives across cells
+
+A model too big for one GPU is sharded over the workers once and stays there: trained over
+several cells, looked at, saved, reloaded on another number of workers, and brought back into the
+notebook whole. `%distributed push model --shard` places a notebook model on the workers with
+FSDP2's `fully_shard` (each rank receives only its slice of every parameter); `%distributed save`
+and `load` use `torch.distributed.checkpoint`, which reshards; `%distributed pull` gathers the
+full weights, one parameter at a time. It runs on 2 CPU ranks here, and unchanged on GPUs.
+"""),
+    code("%load_ext nbaccel"),
+    code("""
+import copy
+import os
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+VOCAB, WIDTH, LENGTH = 32, 32, 12
+
+
+class TinyLM(torch.nn.Module):
+    \"\"\"A one-block transformer that predicts the next token.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+        self.block = torch.nn.TransformerEncoderLayer(WIDTH, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
+        hidden = self.block(self.embed(tokens), src_mask=mask, is_causal=True)
+        return self.head(hidden.reshape(-1, WIDTH))  # (tokens, VOCAB): a new tensor, not a view (FSDP2 warns about views)
+
+
+def lm_loss(model, tokens):
+    return F.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:].reshape(-1))
+
+
+def train(model, optimizer, tokens, steps):
+    for _ in range(steps):
+        loss = lm_loss(model, tokens)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()
+
+
+torch.manual_seed(0)
+data = (torch.arange(LENGTH + 1) * 3 + torch.randint(0, VOCAB, (12, 1))) % VOCAB  # 12 sequences: 2, 3 or 4 equal slices
+model = TinyLM()
+reference = copy.deepcopy(model)  # trained in this process, as a single GPU would: the losses must agree
+checkpoint = os.path.join(tempfile.mkdtemp(prefix="nbaccel-sharded-"), "ckpt")
+"""),
+    md("""
+## Shard it onto the workers
+
+Each rank gets its slices of the parameters as `DTensor`s; `%distributed status` shows what each
+holds, of the full model's size.
+"""),
+    code("""
+%distributed start
+%distributed push model --shard
+"""),
+    code("""
+%%distributed
+workers, device = state.num_processes, state.device.type
+p = model.embed.weight
+print(f"rank {state.process_index}: {type(p).__name__} {tuple(p.shape)}, holds {tuple(p.to_local().shape)}")
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+mine = data[state.process_index :: state.num_processes].to(state.device)  # equal slices: FSDP's averaged gradient is the whole batch's
+"""),
+    code("%distributed status"),
+    md("""
+## Train across cells
+
+The model and its optimizer stay on the workers between cells.
+"""),
+    code("""
+%%distributed
+state.print(f"after 10 steps: loss on rank 0's slice {train(model, optimizer, mine, 10):.4f}")
+"""),
+    code("""
+%%distributed
+state.print(f"after 20 steps: loss on rank 0's slice {train(model, optimizer, mine, 10):.4f}")
+"""),
+    md("""
+## Save, then reload on another number of workers
+
+The checkpoint is written by every rank (its own shards) into a temporary folder, renamed once
+complete. Another number of workers loads it: DCP reshards. On CPU we go from 2 ranks to 3; on
+GPUs from N to N // 2 (or 1).
+"""),
+    code("""
+%distributed save {checkpoint} model optimizer
+%distributed pull workers -o n
+%distributed pull device -o kind
+%distributed stop
+"""),
+    code("""
+other = 3 if kind == "cpu" else max(1, n // 2)
+fresh = TinyLM()  # other weights: the checkpoint replaces them
+%distributed start -n {other}
+%distributed push fresh --shard
+"""),
+    code("""
+%%distributed
+model = fresh
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+mine = data[state.process_index :: state.num_processes].to(state.device)
+"""),
+    code("""
+%distributed load {checkpoint} model optimizer
+"""),
+    code("""
+%%distributed
+state.print(f"{state.num_processes} workers, after 25 steps: loss on rank 0's slice {train(model, optimizer, mine, 5):.4f}")
+"""),
+    md("""
+## Back into the notebook
+
+`%distributed pull` gathers every parameter in full: the notebook gets an ordinary state dict
+(plain CPU tensors of the full shapes), which loads into the unsharded model.
+"""),
+    code("""
+%distributed pull model -o weights
+%distributed stop
+"""),
+    code("""
+trained = TinyLM()
+trained.load_state_dict(weights)
+train(reference, torch.optim.Adam(reference.parameters(), lr=1e-2), data, 25)  # the same 25 steps in one process, on the whole batch
+with torch.no_grad():
+    sharded_loss, reference_loss = lm_loss(trained, data).item(), lm_loss(reference, data).item()
+print(f"loss of the pulled model: {sharded_loss:.5f}; single-process reference: {reference_loss:.5f}")
+assert abs(sharded_loss - reference_loss) < 1e-4
+"""),
+    code("""
+import shutil
+
+shutil.rmtree(os.path.dirname(checkpoint))
+"""),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_ddp_training.ipynb": DDP_TRAINING,
@@ -855,6 +1003,7 @@ NOTEBOOKS = {
     "06_hf_trainer.ipynb": HF_TRAINER,
     "07_fsdp2.ipynb": FSDP2,
     "08_two_nodes.ipynb": TWO_NODES,
+    "09_sharded_workers.ipynb": SHARDED_WORKERS,
 }
 
 

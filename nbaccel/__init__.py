@@ -34,7 +34,7 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 if TYPE_CHECKING:
     from nbaccel.cluster.cluster import Cluster
     from nbaccel.cluster.failures import NodeRankFailedError
-    from nbaccel.errors import LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
+    from nbaccel.errors import CheckpointError, LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
     from nbaccel.launcher import notebook_launcher, start_workers
     from nbaccel.pool import PoolStoppedError, WorkerPool
     from nbaccel.state import (
@@ -56,6 +56,7 @@ _EXPORTS = {
     "WorkerPool": "pool",
     "PoolStoppedError": "pool",
     "NbaccelError": "errors",
+    "CheckpointError": "errors",
     "PreflightError": "errors",
     "RankFailedError": "errors",
     "NodeRankFailedError": "cluster.failures",
@@ -72,6 +73,7 @@ _EXPORTS = {
 
 __all__ = [  # spelled out (not built from _EXPORTS) so static tools see the public names
     "AcceleratorState",
+    "CheckpointError",
     "Cluster",
     "DistributedType",
     "GradientAccumulationPlugin",

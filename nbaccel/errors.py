@@ -162,5 +162,10 @@ class FrameError(NbaccelError):
     """
 
 
+class CheckpointError(NbaccelError, ValueError):
+    """``pool.save`` / ``pool.load`` refused on every rank before any tensor was written or read:
+    the path, the folder or the keys are named; the workers keep running."""
+
+
 class EngineStateError(NbaccelError):
     """nbaccel's engine was asked to do something out of order (a bug in nbaccel: please report it)."""

@@ -13,14 +13,28 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 
+from nbaccel.devices import sysfs
 from nbaccel.launch import preflight
 from nbaccel.output.sinks import CollectingSink
 from nbaccel.state import reset_all_states
 
-__all__ = ["TIME_SCALE_VARIABLE", "CollectingSink", "mark_fork_safe", "mark_not_fork_safe", "nbaccel_frames", "reset_all_states", "scaled", "time_scale"]
+__all__ = [
+    "DEVICE_ROOT_VARIABLE",
+    "TIME_SCALE_VARIABLE",
+    "CollectingSink",
+    "device_root",
+    "mark_fork_safe",
+    "mark_not_fork_safe",
+    "nbaccel_frames",
+    "reset_all_states",
+    "scaled",
+    "time_scale",
+]
 
 TIME_SCALE_VARIABLE = "NBACCEL_TEST_TIME_SCALE"
 _CI_SCALE = 2.0  # a shared CI runner is slower than a developer's machine, and less predictable
@@ -50,6 +64,33 @@ def mark_not_fork_safe(reason: str = "this kernel was marked not fork-safe by nb
 def mark_fork_safe() -> None:
     """Undo `mark_not_fork_safe` (real hazards, such as CUDA, still count)."""
     preflight.marked_unsafe.clear()
+
+
+DEVICE_ROOT_VARIABLE = sysfs.ROOT_VARIABLE
+
+
+@contextlib.contextmanager
+def device_root(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """Read AMD's and Intel's device files under ``folder`` instead of ``/`` while inside.
+
+    The test seam for GPUs of those vendors: a stand-in tree with ``sys/class/kfd/...`` (AMD's
+    topology, each process's memory), ``sys/class/drm/renderD*/device`` (AMD's and Intel's
+    render nodes) and ``dev/kfd`` / ``dev/dri/renderD*`` (held open by an initialised runtime).
+    A new process reads ``NBACCEL_DEVICE_ROOT`` once, at import, instead.
+
+    Example:
+        >>> import tempfile
+        >>> from nbaccel.devices import amd
+        >>> with tempfile.TemporaryDirectory() as empty, device_root(empty):
+        ...     amd.machine_gpus()
+        []
+    """
+    before = sysfs.root()
+    sysfs.set_root(folder)
+    try:
+        yield
+    finally:
+        sysfs.set_root(before)
 
 
 def nbaccel_frames(traceback_text: str) -> list[str]:

@@ -122,8 +122,36 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_tiers(items)
     _scale_timeouts(config, items)
     _skip_gpu_tests_without_a_gpu(items)
+
+
+TESTS = Path(__file__).resolve().parent
+# The tiers (CONTRIBUTING.md says which to run when); each test has the marker of its own:
+TIER_OF_FOLDER = {"agent": "nodes", "kernel": "kernel", "browser": "browser", "examples": "examples", "gpu": "gpu"}
+STATIC = frozenset({"test_static.py", "test_layers.py", "test_docs.py", "test_packaging.py"})  # mypy, ruff, sphinx, build as subprocesses
+NOT_QUICK = frozenset({"slow", "kernel", "browser", "gpu", "cluster", "nodes", "static", "examples"})
+
+
+def _mark_tiers(items: list[pytest.Item]) -> None:
+    """``nodes`` (tests/agent), ``kernel``, ``browser``, ``examples``, ``gpu`` by folder; ``static``
+    for the checks that run tools; ``slow`` for a test run with spawn (a fresh interpreter
+    importing torch per rank, a second or more a launch); ``quick`` for every other test: the
+    unit and one-node multi-process tier of the edit-test loop (``./dev test -m quick``)."""
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        if not path.is_relative_to(TESTS):  # the package's doctests (tests/test_static.py runs them)
+            continue
+        parts = path.relative_to(TESTS).parts
+        tier = TIER_OF_FOLDER.get(parts[0]) if len(parts) > 1 else ("static" if parts[0] in STATIC else None)
+        if tier is not None:
+            item.add_marker(tier)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "spawn" in callspec.id.split("-"):
+            item.add_marker("slow")
+        if not any(item.get_closest_marker(name) is not None for name in NOT_QUICK):
+            item.add_marker("quick")
 
 
 def _scale_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -49,6 +49,17 @@ class Execution:
         return self.stream("stderr")
 
     @property
+    def shown(self) -> str:
+        """What a person reads in the cell: stdout and each display's text/plain, in order (a table nbaccel displays shows both)."""
+        parts = []
+        for m in self.messages:
+            if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
+                parts.append(m["content"]["text"])
+            elif m["msg_type"] == "display_data" and "text/plain" in m["content"]["data"]:
+                parts.append(m["content"]["data"]["text/plain"].rstrip("\n") + "\n")
+        return "".join(parts)
+
+    @property
     def error(self) -> dict[str, Any] | None:
         return next((m["content"] for m in self.messages if m["msg_type"] == "error"), None)
 

@@ -16,7 +16,7 @@ import pytest
 from nbaccel.devices import nvml  # noqa: F401 - read by the skipif condition
 from nbaccel.testing import scaled
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]  # runs scripts/gpu-check (a dry run): minutes
 ROOT = Path(__file__).resolve().parent.parent
 
 

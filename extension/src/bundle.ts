@@ -53,6 +53,10 @@ export interface IRankEntry {
   dropped_lines: number;
   dropped_displays?: number;
   log_path?: string | null;
+  /** The most resident bytes sampled, and on a GPU the most device bytes NVML listed for the
+   *  rank's pid; a bundle from before they were sampled lacks them. */
+  peak_rss?: number | null;
+  peak_gpu_mem?: number | null;
 }
 
 export interface IRanksBundle {

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from nbaccel.agent.node import EXIT_REFUSED, NodeAgent
 from nbaccel.net.link import split_address
 from nbaccel.net.signing import TOKEN_ENV, parse_token, read_token
+from nbaccel.rank import process_title
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -76,7 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.pop(TOKEN_ENV)
         else:
             _restart_without_token(secret, given)
-    return NodeAgent(arguments.address, secret, arguments.nproc_per_node, started_by=arguments.started_by, order=arguments.order).run()
+    if argv is None:  # this process is the agent (not a test calling main): ps and top say so
+        process_title.name_agent(None, arguments.address)
+    agent = NodeAgent(arguments.address, secret, arguments.nproc_per_node, started_by=arguments.started_by, order=arguments.order, name_process=argv is None)
+    return agent.run()
 
 
 if __name__ == "__main__":

@@ -26,11 +26,12 @@ from typing import Any
 from nbaccel import _version
 from nbaccel.agent.interfaces import interface_of
 from nbaccel.agent.node_ranks import NodeRanks
-from nbaccel.devices import nvml
+from nbaccel.devices.inventory import gpu_inventory
 from nbaccel.launch import warm
 from nbaccel.net import clock, protocol
 from nbaccel.net.link import Link, new_nonce, split_address
 from nbaccel.net.signing import Message
+from nbaccel.rank import process_title
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_KERNEL_LOST = 0, 2, 3, 4
 _CONNECT_TIMEOUT = 10.0
@@ -46,16 +47,23 @@ class AgentError(Exception):
 
 
 def visible_gpus() -> int:
-    """How many CUDA devices this node shows, counted through NVML: the agent never runs cuInit.
+    """How many GPUs this node's torch can drive (``node_devices``' count)."""
+    return node_devices()[0]
 
-    The agent forks its ranks, so CUDA must stay uninitialised in it; no NVIDIA driver means 0.
-    A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
+
+def node_devices() -> tuple[int, str]:
+    """This node's usable GPUs and their torch device type ("cuda", "xpu"; "cpu" without any),
+    from the kernel's one GPU map: the agent never initialises CUDA, HIP or Level Zero.
+
+    The agent forks its ranks, so no GPU runtime may start in it; no GPU its torch can drive
+    means 0. A broken NVML is not hidden as "no GPU" (that would quietly turn the node to CPU): it raises.
     """
     # torch now, before the loop runs: the first launch's torch elastic would import it (seconds
     # on a busy machine, long enough to miss heartbeats), and forked ranks inherit it. No CUDA.
     import torch  # noqa: F401
 
-    return nvml.visible_count()
+    found = gpu_inventory()  # a CPU-only torch counts no GPU, a ROCm one AMD's, an XPU one Intel's
+    return len(found.devices), found.device_type if found.devices else "cpu"
 
 
 def launcher_facts(started_by: str, order: int | None = None, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -78,12 +86,15 @@ def launcher_facts(started_by: str, order: int | None = None, environ: dict[str,
 class NodeAgent:
     """One node's agent; ``run()`` returns the process's exit code."""
 
-    def __init__(self, address: str, secret: bytes, nproc_per_node: int | None = None, started_by: str = "", order: int | None = None) -> None:
+    def __init__(
+        self, address: str, secret: bytes, nproc_per_node: int | None = None, started_by: str = "", order: int | None = None, name_process: bool = False
+    ) -> None:
         self.address = address
+        self.name_process = name_process  # the agent is this process (nbaccel-agent), not a test's object: say so in ps
         self.started_by, self.order = started_by, order
         self.host, self.port = split_address(address)
         self._secret = secret
-        self.gpus = visible_gpus()
+        self.gpus, self.device_type = node_devices()
         self.nproc = nproc_per_node or max(self.gpus, 1)
         self.link: Link | None = None
         self.ranks: NodeRanks | None = None
@@ -115,6 +126,7 @@ class NodeAgent:
             "address": local_address,
             "nproc": self.nproc,
             "gpus": self.gpus,
+            "device_type": self.device_type,
             "pid": os.getpid(),
             "version": _version.__version__,
         }
@@ -126,6 +138,8 @@ class NodeAgent:
             raise AgentError(f"the cluster at {self.address} did not accept this node ({welcome.kind})", EXIT_REFUSED)
         self.node = welcome.json()
         self.link = link
+        if self.name_process:
+            process_title.name_agent(str(self.node.get("node", "?")), self.address)
 
     def _first_messages(self, link: Link) -> list[Message]:
         deadline = time.monotonic() + _CONNECT_TIMEOUT

@@ -345,6 +345,7 @@ class Cluster:
                 address=str(info.get("address", link.peer)),
                 nproc=int(info.get("nproc", 1)),
                 gpus=int(info.get("gpus", 0)),
+                device_type=str(info.get("device_type") or "cuda"),
                 pid=int(info.get("pid", 0)),
                 started_by=str(info.get("started_by") or "by hand"),
                 order=int(info["order"]) if isinstance(info.get("order"), int) else None,

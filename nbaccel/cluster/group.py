@@ -130,7 +130,7 @@ class ClusterRankGroup:
             )
         slots = layout(nodes, cluster.host)
         # By value, with the cell's file name and source: tracebacks on a node show its lines.
-        job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends))
+        job_bytes = cloudpickle.dumps(Job(Sourced.wrap(job.function), job.args, job.pass_ends, job.label))
         launch = new_nonce()[:16]
         store = LoopbackRendezvous(cluster.host, None)  # bound to the cluster's address only
         try:

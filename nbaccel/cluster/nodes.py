@@ -52,6 +52,7 @@ class NodeInfo:
     order: int | None = None  # Slurm's node order (SLURM_NODEID) when an srun step started the agent
     alive: bool = True
     lost_reason: str = ""
+    device_type: str = "cuda"  # its GPUs' torch device type ("cuda": NVIDIA or AMD, "xpu": Intel); "cpu" without any
     last_seen: float = field(default_factory=time.monotonic)
     joined_at: float = field(default_factory=time.monotonic)
     clock: NodeClock = field(default_factory=NodeClock)  # its clock minus the kernel's, and the round trip

@@ -1,4 +1,4 @@
-"""The plan of a launch or a pool on a cluster's live nodes: every rank of every node, CUDA only
+"""The plan of a launch or a pool on a cluster's live nodes: every rank of every node, GPUs only
 where every node has a GPU for each of its ranks.
 
 Example::
@@ -27,23 +27,33 @@ def cluster_plan(cluster: Cluster, options: LaunchOptions, started: float) -> La
     nodes = cluster.live_nodes
     on_gpus = not options.cpu and cluster_on_gpus(nodes)
     return plan_of(
-        options, started, num_processes=sum(n.nproc for n in nodes), device_type="cuda" if on_gpus else "cpu", gpus=None, master_addr=cluster.host, port=None
+        options,
+        started,
+        num_processes=sum(n.nproc for n in nodes),
+        device_type=nodes[0].device_type if on_gpus else "cpu",
+        gpus=None,
+        master_addr=cluster.host,
+        port=None,
     )
 
 
 def cluster_on_gpus(nodes: Sequence[NodeInfo]) -> bool:
-    """True when every node has a GPU per rank, False when none has any GPU; else a clear error.
+    """True when every node has a GPU per rank (all of one device type), False when none has any GPU; else a clear error.
 
     A cluster where some nodes lack GPUs for their ranks is not quietly turned to CPU and gloo
     (every GPU node would then train on its CPU): the user says which they meant.
     """
     if not nodes or all(n.gpus == 0 for n in nodes):
         return False
+    kinds = sorted({n.device_type for n in nodes if n.gpus})
+    if len(kinds) > 1:  # one process group has one backend: nccl and xccl cannot meet
+        named = "; ".join(f"node {n.describe()} has {n.device_type} GPUs" for n in nodes if n.gpus)
+        raise ValueError(f"{named}: one launch runs on one kind of GPU. Start agents on nodes of one kind, or pass cpu=True to run every rank on CPU (gloo).")
     short = [n for n in nodes if n.gpus < n.nproc]
     if not short:
         return True
     named = "; ".join(f"node {n.describe()} has {n.gpus} GPU(s) for {n.nproc} rank(s)" for n in short)
     raise ValueError(
-        f"{named}: one CUDA rank needs one GPU. Start that node's agent with --nproc-per-node at most "
+        f"{named}: one GPU rank needs one GPU. Start that node's agent with --nproc-per-node at most "
         "its GPU count, or pass cpu=True to run every rank of the cluster on CPU (gloo)."
     )

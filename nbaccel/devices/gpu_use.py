@@ -105,7 +105,17 @@ class GpuUse:
         wanted = {self.devices[rank] for rank in ranks if rank in self.devices}
         return {index: DeviceUse(self._memory(self._handles[index]), self._utilisation(self._handles[index])) for index in wanted}
 
+    def processes(self, index: int) -> dict[int, int | None] | None:
+        """pid -> bytes of every process NVML lists on NVML's GPU ``index`` (None: NVML may not
+        read that process's memory); None where NVML cannot list them."""
+        listed = self._listed(self._handles[index]) if index in self._handles else None
+        return None if listed is None else {int(r.pid): None if r.usedGpuMemory == _NOT_AVAILABLE else int(r.usedGpuMemory) for r in listed}
+
     def _memory(self, handle: ctypes.c_void_p) -> dict[int, int] | None:
+        listed = self._listed(handle)
+        return None if listed is None else {int(r.pid): int(r.usedGpuMemory) for r in listed if r.usedGpuMemory != _NOT_AVAILABLE}
+
+    def _listed(self, handle: ctypes.c_void_p) -> list[Any] | None:
         if self._list_processes is None:
             return None
         size = _FIRST_GUESS
@@ -114,8 +124,7 @@ class GpuUse:
             count = ctypes.c_uint(size)
             code = self._list_processes(handle, ctypes.byref(count), records)
             if code == nvml.NVML_SUCCESS:
-                found = records[: count.value]
-                return {int(r.pid): int(r.usedGpuMemory) for r in found if r.usedGpuMemory != _NOT_AVAILABLE}
+                return list(records[: count.value])
             if code != NVML_ERROR_INSUFFICIENT_SIZE:
                 return None
             size = max(count.value, size) * 2

@@ -130,6 +130,33 @@ def driver_version() -> str | None:
     return _text(library.nvmlSystemGetDriverVersion) or None
 
 
+def cuda_driver_version() -> tuple[int, int] | None:
+    """The newest CUDA the driver supports (``(12, 8)``), or None where NVML cannot answer."""
+    library = _open(library_path())
+    call = getattr(library, "nvmlSystemGetCudaDriverVersion_v2", None) if library is not None else None
+    version = ctypes.c_int(0)
+    if call is None or call(ctypes.byref(version)) != NVML_SUCCESS or version.value <= 0:
+        return None
+    return version.value // 1000, version.value % 1000 // 10
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def memory_info(index: int) -> tuple[int, int] | None:
+    """(used, total) bytes of NVML's GPU ``index``, by every process; None where NVML cannot say."""
+    library = _open(library_path())
+    if library is None:
+        return None
+    handle, memory = ctypes.c_void_p(), _Memory()
+    if library.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != NVML_SUCCESS:
+        return None
+    if library.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != NVML_SUCCESS:
+        return None
+    return int(memory.used), int(memory.total)
+
+
 def parse_visible_devices(value: str | None) -> list[str] | None:
     """``CUDA_VISIBLE_DEVICES`` as its entries (None: unset, every device), cut where CUDA stops.
 

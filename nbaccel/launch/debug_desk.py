@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from nbaccel.launch import ipython_pdb
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.rank.debugger import PostMortemOnError
+from nbaccel.rank.process_title import job_label
 from nbaccel.wire import events
 from nbaccel.wire.events import Kind
 from nbaccel.wire.job import Job
@@ -84,7 +85,8 @@ def wants_post_mortem(pdb: bool | None) -> bool:
 
 def debuggable_job(function: Callable[..., Any], args: Any, post_mortem: bool) -> Job:
     """The job every rank runs: ``function(*args)``, in a post-mortem on error when asked."""
-    return Job(PostMortemOnError(function) if post_mortem else function, tuple(args))
+    # Labelled here, once per launch: a rank making the words itself would copy more pages.
+    return Job(PostMortemOnError(function) if post_mortem else function, tuple(args), label=job_label(function))
 
 
 def first_line(rank: int, header: str) -> str:

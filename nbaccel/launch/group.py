@@ -48,7 +48,8 @@ class LocalRankGroup:
         self.pipes: list[RankPipes] = []
         self._loop: EventLoop | None = None
         self._ended_streams: set[int] = set()  # fds at end of file: never watched again
-        self.gpus: tuple[int, ...] = ()  # the plan's CUDA devices, one a rank (none on CPU ranks)
+        self.gpus: tuple[int, ...] = ()  # the plan's GPUs, one a rank (none on CPU ranks)
+        self.gpu_vendor = ""  # whose tools sample them (nbaccel.launch.loop.sampler_for)
 
     @property
     def num_processes(self) -> int:
@@ -63,7 +64,8 @@ class LocalRankGroup:
         persistent one at once, since its ranks join their group before saying READY.
         """
         group = cls(LoopbackRendezvous(plan.master_addr, plan.port), StackFiles())
-        group.gpus = tuple(plan.gpus or ()) if plan.device_type == "cuda" else ()
+        group.gpus = tuple(plan.gpus or ()) if plan.device_type != "cpu" else ()
+        group.gpu_vendor = plan.gpu_vendor
         # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
         # stays shared instead of being copied page by page into every rank (copy-on-write).
         gc.freeze()
@@ -258,4 +260,5 @@ def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, at
         max_restarts=plan.max_restarts,
         run_id=plan.run_id,
         visible_gpus=plan.gpus,
+        gpu_vendor=plan.gpu_vendor or "nvidia",
     )

@@ -316,7 +316,8 @@ def sampler_for(group: RankGroup) -> ResourceSampler | None:
     local_gpus = getattr(group, "local_gpus", None)
     if not callable(local_pids):
         return None
-    return ResourceSampler(local_pids(), time.monotonic(), gpus=local_gpus() if callable(local_gpus) else None)
+    vendor = str(getattr(group, "gpu_vendor", "") or "nvidia")
+    return ResourceSampler(local_pids(), time.monotonic(), gpus=local_gpus() if callable(local_gpus) else None, vendor=vendor)
 
 
 class SinkSession:

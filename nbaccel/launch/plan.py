@@ -14,37 +14,64 @@ import os
 from collections.abc import Sequence
 
 from nbaccel.devices import nvml
+from nbaccel.devices.inventory import Inventory, Occupant, gpu_inventory, occupants
 from nbaccel.devices.nccl_guard import RTX40_GOOD_DRIVER, rtx40_nccl_variables
 from nbaccel.errors import PreflightError
 from nbaccel.launch import fork_server
 from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import LaunchOptions
-from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, never_fork, visible_gpu_count
+from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, never_fork
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.launch.spawn import SpawnStarter
 from nbaccel.rank.cpu_threads import threads_per_rank
+from nbaccel.wire.sizes import gib
 
 DEFAULT_CPU_PROCESSES = 2
 
 
-def make_plan(options: LaunchOptions, started: float) -> LaunchPlan:
-    """Decide ranks and devices for ``options`` (already valid); ``started`` is when the call began."""
+def make_plan(options: LaunchOptions, started: float, announce: bool = True) -> LaunchPlan:
+    """Decide ranks and devices for ``options`` (already valid); ``started`` is when the call began.
+
+    Each decision about devices (CPU ranks for want of a GPU, a GPU skipped because another
+    process uses it, GPUs this torch build cannot drive) is kept in the plan's ``device_notes``
+    and, with ``announce``, said in one line each (a plan made only to be shown says nothing).
+    """
     import torch  # noqa: F401 - once here, so that the forked ranks inherit it (each importing torch costs seconds); touches no CUDA
 
-    num_processes, chosen_gpus = _ranks_and_gpus(options)
-    device_type = "cuda" if chosen_gpus else "cpu"
-    if chosen_gpus:
+    found = Inventory("cpu", "") if options.cpu else gpu_inventory()
+    num_processes, chosen_gpus, notes = _ranks_and_gpus(options, found)
+    device_type = found.device_type if chosen_gpus else "cpu"
+    for note in notes if announce else ():
+        say(note)
+    if chosen_gpus and found.vendor == "nvidia":
         nccl_guard(chosen_gpus)
     if options.mixed_precision == "fp8" and device_type == "cpu":
-        raise ValueError("mixed_precision='fp8' needs GPUs that support fp8 (Hopper or newer); on CPU use 'bf16' or 'no'.")
+        raise ValueError(" ".join(("mixed_precision='fp8' needs GPUs that support fp8 (Hopper or newer); on CPU use 'bf16' or 'no'.", *found.notes)))
     return plan_of(
-        options, started, num_processes=num_processes, device_type=device_type, gpus=chosen_gpus, master_addr=options.master_addr, port=options.use_port
+        options,
+        started,
+        num_processes=num_processes,
+        device_type=device_type,
+        gpus=chosen_gpus,
+        master_addr=options.master_addr,
+        port=options.use_port,
+        gpu_vendor=found.vendor if chosen_gpus else "",
+        device_notes=notes,
     )
 
 
 def plan_of(
-    options: LaunchOptions, started: float, *, num_processes: int, device_type: str, gpus: tuple[int, ...] | None, master_addr: str, port: int | None
+    options: LaunchOptions,
+    started: float,
+    *,
+    num_processes: int,
+    device_type: str,
+    gpus: tuple[int, ...] | None,
+    master_addr: str,
+    port: int | None,
+    gpu_vendor: str = "",
+    device_notes: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """The one place a ``LaunchPlan`` is made: the options' choices with the ranks and devices decided
     (here for one node, by ``nbaccel.cluster.plan`` for a cluster's nodes).
@@ -57,6 +84,7 @@ def plan_of(
         num_processes=num_processes,
         device_type=device_type,
         gpus=gpus,
+        gpu_vendor=gpu_vendor,
         mixed_precision=options.mixed_precision,
         master_addr=master_addr,
         port=port,
@@ -64,29 +92,80 @@ def plan_of(
         timeout=options.timeout,
         deadline=None if options.timeout is None else started + options.timeout,
         stall_report=options.stall_report,
+        device_notes=device_notes,
     )
 
 
-def _ranks_and_gpus(options: LaunchOptions) -> tuple[int, tuple[int, ...] | None]:
+def _ranks_and_gpus(options: LaunchOptions, found: Inventory) -> tuple[int, tuple[int, ...] | None, tuple[str, ...]]:
+    """Ranks, their devices (None: CPU) and the notes that explain the choice."""
     num_processes = options.num_processes
-    visible = 0 if options.cpu else visible_gpu_count()
+    visible = len(found.devices)
     if options.gpus is not None:
-        chosen = check_gpus(options.gpus, visible)
-        if num_processes is not None and num_processes != len(chosen):
-            raise ValueError(f"num_processes={num_processes} but gpus={list(chosen)!r} names {len(chosen)} device(s); one rank runs per GPU.")
-        return len(chosen), chosen
+        return _named_gpus(options, found)
     if visible > 0:
-        num_processes = visible if num_processes is None else num_processes
-        if num_processes > visible:
+        if num_processes is not None and num_processes > visible:
             raise ValueError(
                 f"num_processes={num_processes} but only {visible} GPU(s) are visible; one rank needs one GPU. "
                 f"Use num_processes<={visible}, or cpu=True for CPU ranks on gloo."
             )
-        return num_processes, tuple(range(num_processes))  # the first num_processes GPUs, one each
+        busy = busy_gpus(found)
+        free = [d.index for d in found.devices if d.index not in busy]
+        skipped = tuple(f"{words}, so it is skipped (name it in gpus= to use it anyway)" for words in busy.values())
+        wanted = len(free) if num_processes is None else num_processes
+        if wanted > len(free) or not free:
+            raise ValueError(
+                f"{'num_processes=' + str(num_processes) + ' but ' if num_processes is not None else ''}only {len(free)} of the {visible} visible GPU(s) are free "
+                f"({'; '.join(busy.values())}). Name the GPUs to use anyway with gpus=[...], use fewer ranks, or cpu=True for CPU ranks on gloo."
+            )
+        return wanted, tuple(free[:wanted]), skipped  # the first free GPUs, one each
     if num_processes is None:
         num_processes = DEFAULT_CPU_PROCESSES
-        say(f"no GPU visible; launching {num_processes} CPU processes on gloo.")
-    return num_processes, None
+        if not found.notes:  # a note already says why the ranks are CPU ones
+            return num_processes, None, (f"no GPU visible; launching {num_processes} CPU processes on gloo.",)
+    return num_processes, None, found.notes
+
+
+def _named_gpus(options: LaunchOptions, found: Inventory) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+    """``gpus=`` obeyed: each named GPU, with a warning for one another process uses."""
+    assert options.gpus is not None
+    try:
+        chosen = check_gpus(options.gpus, len(found.devices))
+    except ValueError as exc:
+        raise ValueError(" ".join((str(exc), *found.notes))) from None
+    if options.num_processes is not None and options.num_processes != len(chosen):
+        raise ValueError(f"num_processes={options.num_processes} but gpus={list(chosen)!r} names {len(chosen)} device(s); one rank runs per GPU.")
+    busy = busy_gpus(found, chosen)
+    warned = tuple(f"{words}; gpus= names it, so a rank uses it anyway (it may run out of memory, or run slower)" for words in busy.values())
+    return len(chosen), chosen, warned
+
+
+def busy_gpus(found: Inventory, among: Sequence[int] | None = None) -> dict[int, str]:
+    """Device index -> why another process counts as using it (``GPU 0: 38.2 GiB used by pid 4242``),
+    for the devices of ``among`` (default all) that another process uses.
+
+    Busy: NVML (or KFD) lists another process on it, or more of its memory is in use than the
+    processes listed hold (more than ``UNLISTED_BUSY`` of it, at least 1 GiB: processes of
+    another container are not listed).
+    """
+    wanted = [d for d in found.devices if among is None or d.index in among]
+    if not wanted:
+        return {}
+    seen = occupants(Inventory(found.device_type, found.vendor, tuple(wanted)))
+    return {index: words for index, occupant in seen.items() if (words := _busy_words(index, occupant)) is not None}
+
+
+UNLISTED_BUSY = 0.05  # share of a GPU's memory in use by no listed process that makes it busy
+
+
+def _busy_words(index: int, occupant: Occupant) -> str | None:
+    if occupant.pids:
+        held = [size for size in occupant.pids.values() if size is not None]
+        pids = ", ".join(str(pid) for pid in sorted(occupant.pids))
+        what = f"{gib(sum(held))} used" if held else "used"
+        return f"GPU {index}: {what} by pid{'s' if len(occupant.pids) > 1 else ''} {pids}"
+    if occupant.unlisted is not None and occupant.total and occupant.unlisted > max(2**30, UNLISTED_BUSY * occupant.total):
+        return f"GPU {index}: {gib(occupant.unlisted)} of {gib(occupant.total)} in use by processes not listed here (another container's?)"
+    return None
 
 
 def choose_starter(start_method: str, local_ranks: int | None = None) -> RankStarter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from nbaccel.devices import driver, nvml
+from nbaccel.devices import amd, driver, intel
 from nbaccel.errors import PreflightError
 from nbaccel.launch.openmp import openmp_pool_started
 
@@ -21,8 +21,8 @@ marked_unsafe: list[str] = []
 class Hazard(str):
     """Why a fork now would break a rank: the reason itself (a ``str``), with its ``kind``.
 
-    ``kind`` is ``"cuda"`` or ``"process_group"`` (never fork: the child cannot use what it
-    inherited) or ``"openmp"`` (fork only with one CPU thread per rank, or from a fork server).
+    ``kind`` is ``"cuda"``, ``"rocm"``, ``"xpu"`` or ``"process_group"`` (never fork: the child
+    cannot use what it inherited) or ``"openmp"`` (fork only with one CPU thread per rank, or from a fork server).
 
     >>> Hazard("openmp", "the OpenMP pool started").kind
     'openmp'
@@ -36,7 +36,7 @@ class Hazard(str):
         return hazard
 
 
-NEVER_FORK = ("cuda", "process_group")
+NEVER_FORK = ("cuda", "rocm", "xpu", "process_group")
 OPENMP = "openmp"
 
 
@@ -78,6 +78,26 @@ def _cuda_hazards() -> list[Hazard]:
         ]
     if cuda is not None and getattr(cuda, "_is_in_bad_fork", lambda: False)():
         return [Hazard("cuda", "this kernel is itself a process forked after CUDA was initialised")]
+    return _other_runtimes(torch)
+
+
+def _other_runtimes(torch: object) -> list[Hazard]:
+    """AMD's and Intel's runtimes, initialised in this kernel (each keeps its device file open)."""
+    if amd.hip_initialised():  # a ROCm torch's torch.cuda.is_initialized() misses is_available()'s hipGetDeviceCount
+        return [
+            Hazard(
+                "rocm",
+                "HIP (ROCm) is already initialised in this kernel (it holds /dev/kfd open: a tensor was put on a GPU, torch.cuda.is_available() asked HIP, or a library did so on import), and a process forked after that cannot use the GPU",
+            )
+        ]
+    xpu = getattr(torch, "xpu", None) if torch is not None else None
+    if (xpu is not None and getattr(xpu, "is_initialized", lambda: False)()) or intel.ze_initialised():
+        return [
+            Hazard(
+                "xpu",
+                "Level Zero (Intel XPU) is already initialised in this kernel (it holds a GPU's render node open: torch.xpu.device_count() without pyzes, a tensor on an XPU, or importing intel_extension_for_pytorch), and a process forked after that cannot use the GPU",
+            )
+        ]
     return []
 
 
@@ -93,11 +113,6 @@ def fork_error(hazards: Sequence[str]) -> PreflightError:
         "function (or the %%distributed cell), or pass start_method='spawn' (slower: every rank "
         "starts a fresh interpreter and the function travels by cloudpickle)."
     )
-
-
-def visible_gpu_count() -> int:
-    """CUDA devices this process may use, counted without initialising CUDA (NVML)."""
-    return nvml.visible_count()
 
 
 def check_gpus(gpus: Sequence[int], visible: int) -> tuple[int, ...]:

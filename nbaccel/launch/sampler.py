@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nbaccel.devices.gpu_use import DeviceUse, GpuUse
+from nbaccel.devices.gpu_use import DeviceUse
+from nbaccel.devices.inventory import open_use
 from nbaccel.launch.memory_limit import NEAR_LIMIT, memory_cgroup, memory_limit, oom_kills, oom_words
 
 PERIOD = 1.0  # seconds between samples
@@ -36,14 +37,15 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 class ResourceSampler:
     """Samples ``pids`` (rank -> pid of a process on this node) every ``PERIOD`` seconds;
-    ``gpus`` (rank -> CUDA index, as this process sees them) for ranks on a GPU."""
+    ``gpus`` (rank -> CUDA index, as this process sees them) for ranks on a GPU of ``vendor``
+    (``"nvidia"``: NVML; ``"amd"``: KFD's files)."""
 
-    def __init__(self, pids: Mapping[int, int], now: float, period: float = PERIOD, gpus: Mapping[int, int] | None = None) -> None:
+    def __init__(self, pids: Mapping[int, int], now: float, period: float = PERIOD, gpus: Mapping[int, int] | None = None, vendor: str = "nvidia") -> None:
         self.pids = dict(pids)
         self.period = period
         self.peaks: dict[int, int] = {}  # rank -> most resident bytes seen
         self.gpu_peaks: dict[int, int] = {}  # rank -> most device memory seen
-        self.gpu = GpuUse.open({rank: index for rank, index in (gpus or {}).items() if rank in self.pids})
+        self.gpu = open_use(vendor, {rank: index for rank, index in (gpus or {}).items() if rank in self.pids})
         self.latest: dict[int, dict[str, Any]] = {}
         self._cgroups: dict[int, Path | None] = {}  # rank -> its memory cgroup, as last seen
         self._oom_before: dict[Path, int] = {}  # cgroup -> OOM kills when first seen
@@ -57,7 +59,8 @@ class ResourceSampler:
         return self._next
 
     def sample(self, now: float, ranks: list[int] | None = None) -> dict[int, dict[str, Any]]:
-        """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes}``,
+        """Sample ``ranks`` (default all) now: rank -> ``{"cpu": %, "rss": bytes, "peak_rss": bytes,
+        "cpu_time": seconds}`` (``cpu_time``: the user and system time the rank has used so far),
         and for a rank on a GPU ``gpu_mem`` (bytes; None when NVML cannot tell), ``peak_gpu_mem``
         and ``gpu_util`` (percent, None when NVML does not say).
 
@@ -123,7 +126,7 @@ class ResourceSampler:
         elapsed = now - then
         cpu = 100.0 * (ticks - ticks_then) / _TICKS / elapsed if elapsed > 0 else 0.0
         self.peaks[rank] = max(self.peaks.get(rank, 0), rss)
-        return {"cpu": round(cpu, 1), "rss": rss, "peak_rss": self.peaks[rank]}
+        return {"cpu": round(cpu, 1), "rss": rss, "peak_rss": self.peaks[rank], "cpu_time": round(ticks / _TICKS, 2)}
 
 
 def _held(use: DeviceUse, pid: int) -> int | None:

@@ -41,8 +41,9 @@ class LaunchPlan:
     """Everything about a launch that was decided (and validated) before anything starts."""
 
     num_processes: int
-    device_type: str  # "cpu" or "cuda"
-    gpus: tuple[int, ...] | None  # CUDA devices the ranks may see, one rank each
+    device_type: str  # "cpu", "cuda" (NVIDIA, or AMD through a ROCm torch) or "xpu" (Intel)
+    gpus: tuple[int, ...] | None  # devices (as the kernel numbers them) the ranks use, one rank each
+    gpu_vendor: str = ""  # "nvidia", "amd", "intel": whose tools watch the GPUs; "" on CPU
     mixed_precision: str = "no"
     master_addr: str = "127.0.0.1"
     port: int | None = None  # None: a free port, fresh for every attempt
@@ -50,6 +51,7 @@ class LaunchPlan:
     timeout: float | None = None  # seconds from the call
     deadline: float | None = None  # time.monotonic() when ``timeout`` runs out
     stall_report: float | None = None  # seconds without output before each rank's stack is shown
+    device_notes: tuple[str, ...] = ()  # one line each: a GPU skipped and why, GPUs this torch cannot use
     # TORCHELASTIC_RUN_ID of every rank: one per launch (or pool), kept across restarts as torchrun keeps its rendezvous id
     run_id: str = field(default_factory=lambda: f"nbaccel-{uuid.uuid4().hex[:12]}")
 

@@ -118,7 +118,8 @@ def compile_cell(
 class Cell(functools.partial):  # type: ignore[type-arg]
     """A compiled cell: call it to run the cell on this process; it pickles by its source.
 
-    Attributes: ``function`` (the plain function), ``source``, ``header``, ``filename``.
+    Attributes: ``function`` (the plain function), ``source``, ``header``, ``filename``, and
+    ``label``: what its ranks are called in ``ps`` (``cell [12]``; None: ``distributed_cell``).
 
     Pickling ships the source and the notebook globals the cell uses (values pickled as
     cloudpickle does), and recompiles on the other side under the same file name, with the
@@ -136,6 +137,7 @@ class Cell(functools.partial):  # type: ignore[type-arg]
     header: str | None
     filename: str
     flags: int
+    label: str | None
     __name__: str
     __qualname__: str
 
@@ -147,6 +149,7 @@ class Cell(functools.partial):  # type: ignore[type-arg]
         self.header = header
         self.filename = filename
         self.flags = flags
+        self.label = None
         self.__name__ = self.__qualname__ = FUNCTION_NAME
         return self
 
@@ -170,11 +173,13 @@ class Cell(functools.partial):  # type: ignore[type-arg]
         return used
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.source, self.header, self.filename, self.flags, self.globals_used()))
+        return (_rebuild, (self.source, self.header, self.filename, self.flags, self.globals_used(), self.label))
 
 
-def _rebuild(source: str, header: str | None, filename: str, flags: int, namespace: dict[str, Any]) -> Cell:
-    return compile_cell(source, namespace, header=header, cache=lambda text: _cache_as(filename, text), flags=flags)
+def _rebuild(source: str, header: str | None, filename: str, flags: int, namespace: dict[str, Any], label: str | None = None) -> Cell:
+    cell = compile_cell(source, namespace, header=header, cache=lambda text: _cache_as(filename, text), flags=flags)
+    cell.label = label
+    return cell
 
 
 def compile_pool_cell(source: str, *, header: str | None = None, cache: Callable[[str], str] | None = None, flags: int = 0) -> PoolCell:

@@ -137,6 +137,7 @@ class DistributedMagics(Magics):
         check_one_shot(args)
         kwargs = with_cluster(launcher_arguments(args), args, self.shell.user_ns, f"%%{MAGIC_NAME}")
         function = self._compile(line, cell, lambda source, **options: compile_cell(source, self.shell.user_ns, **options))
+        function.label = f"cell [{self._cell_number()}]"  # its ranks in ps and nvidia-smi: nbaccel rank 1/4 (cell [12])
         note = self.workers.one_shot_note(kwargs.get("num_processes") or len(kwargs.get("gpus") or ()))
         if note:
             say(note)

@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from nbaccel.notebook import cluster_command
 from nbaccel.notebook.magic_options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "free", "stacks", "debug", "push", "pull", "cluster")
+COMMANDS = ("start", "stop", "restart", "status", "free", "stacks", "debug", "push", "pull", "save", "load", "cluster")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -35,7 +35,12 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed start -n 2
     %distributed push data labels
     %distributed pull model_state --rank 0 -o weights
+    %distributed push model --shard                   (FSDP2 over every rank; --mesh 2x2 for HSDP)
+    %distributed push model --shard tp_plan --mesh 2x2 (tp_plan(module, mesh): your own sharding)
+    %distributed save ckpt model optimizer            (torch.distributed.checkpoint; loads on any number of ranks)
+    %distributed load ckpt model optimizer
     %distributed status
+    %distributed status --watch                       (a table kept up to date after every cell)
     %distributed free
     %distributed stacks
     %distributed debug --rank 1
@@ -53,10 +58,48 @@ def _add_start(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _add_transfers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     push = commands.add_parser("push", help="send notebook variables to every rank (by value, with cloudpickle)")
     push.add_argument("names", nargs="+", type=variable_name, metavar="NAME", help="notebook variables to send")
-    pull = commands.add_parser("pull", help="bring a rank's variable into the notebook (tensors on CPU, a module as its state_dict)")
+    push.add_argument(
+        "--shard",
+        nargs="?",
+        const=True,
+        default=False,
+        type=variable_name,
+        metavar="RECIPE",
+        help="modules only: shard each over the ranks with FSDP2's fully_shard (each rank receives its slices), or with RECIPE(module, mesh), a notebook function",
+    )
+    push.add_argument(
+        "--mesh", type=mesh_shape, metavar="DPxTP", help="with --shard: the DeviceMesh shape, e.g. 4 or 2x2 (dims dp, tp; fully_shard on 2x2: HSDP)"
+    )
+    pull = commands.add_parser(
+        "pull", help="bring a rank's variable into the notebook (tensors on CPU, a module as its state_dict; sharded values gathered in full)"
+    )
     pull.add_argument("name", type=variable_name, metavar="NAME", help="the variable on the rank")
     pull.add_argument("--rank", type=non_negative_int, default=0, metavar="R", help="the rank to take it from (default: 0)")
     pull.add_argument("-o", "--out", type=variable_name, metavar="TARGET", help="the notebook variable to store it in (default: NAME)")
+
+
+def _add_checkpoints(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    save = commands.add_parser("save", help="save rank variables (modules, optimizers, tensors, objects) with torch.distributed.checkpoint, atomically")
+    save.add_argument("directory", metavar="DIR", help="the checkpoint's folder (written whole, or not at all)")
+    save.add_argument("names", nargs="+", type=variable_name, metavar="NAME", help="variables on the ranks")
+    load = commands.add_parser("load", help="load rank variables from a checkpoint saved on any number of ranks (resharded)")
+    load.add_argument("directory", metavar="DIR", help="a folder %%distributed save wrote")
+    load.add_argument("names", nargs="+", type=variable_name, metavar="NAME", help="variables on the ranks")
+
+
+def mesh_shape(text: str) -> tuple[int, ...]:
+    """``--mesh``: ``4`` or ``2x2``.
+
+    >>> mesh_shape("2x2")
+    (2, 2)
+    """
+    try:
+        shape = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected a mesh shape such as 4 or 2x2, got {text!r}")
+    return shape
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,14 +113,16 @@ def parser() -> MagicArgumentParser:
     restart.add_argument(
         "--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start"
     )
-    commands.add_parser(
+    status = commands.add_parser(
         "status", help="per rank: pid, device, idle or ended, CPU use, memory in use and its peak (GPU: allocated, reserved, device), last cell"
     )
+    status.add_argument("--watch", action="store_true", help="keep this table up to date: it is read again after every later cell, until the workers stop")
     commands.add_parser("free", help="on every rank: collect garbage and return torch's cached GPU memory; shows what each rank freed")
     commands.add_parser("stacks", help="where each worker is now: one line per rank, then every thread's Python stack")
     debug = commands.add_parser("debug", help="post-mortem of a rank's last failed cell, in its frames (prompt in this cell; q ends it)")
     debug.add_argument("--rank", type=non_negative_int, default=None, metavar="R", help="the rank to look at (default: the rank that failed last)")
     _add_transfers(commands)
+    _add_checkpoints(commands)
     cluster_command.add_parser(commands)
     return main
 

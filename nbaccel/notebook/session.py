@@ -17,6 +17,7 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
 from nbaccel.notebook.magic_options import start_options, with_cluster
-from nbaccel.notebook.worker_tables import free_table, status_table
+from nbaccel.notebook.worker_tables import StatusTable, free_table
 
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool
@@ -47,6 +48,7 @@ class NotebookWorkers:
         self._start_pool = start_pool
         self.pool: WorkerPool | None = None  # kept after a crash, so `restart` knows the options
         self.mode: str | None = None  # how the last %%distributed cell ran: "workers" or "one-shot"
+        self._watch: tuple[Any, Callable[..., None]] | None = None  # (shell, post_run_cell hook) of `status --watch`
 
     @property
     def user_ns(self) -> dict[str, Any]:
@@ -65,7 +67,7 @@ class NotebookWorkers:
     def run(self, args: argparse.Namespace) -> None:
         """Carry out one parsed ``%distributed`` command."""
         if args.command == "push":
-            self.push(args.names)
+            self.push(args.names, args.shard, args.mesh)
         elif args.command == "pull":
             self.pull(args.name, args.rank, args.out)
         else:
@@ -119,6 +121,7 @@ class NotebookWorkers:
 
     def close(self) -> None:
         """Stop the workers quietly (the extension is unloaded)."""
+        self._unwatch()
         pool, self.pool = self.pool, None
         if pool is not None and pool.alive:
             pool.stop()
@@ -151,12 +154,55 @@ class NotebookWorkers:
     # -- inspection and transfers ----------------------------------------------------------------
 
     def status(self, args: argparse.Namespace | None = None) -> None:
+        """The workers' table (html and text); with ``--watch``, kept up to date after every cell."""
         if self.running() is None:
             ended = self.pool is not None  # torn down after a failure, not stopped by the user
             # The answer to the command, not a notice: shown even with NBACCEL_QUIET=1.
             print(f"nbaccel: {NO_WORKERS}" + (" (or %distributed restart, with the same options)" if ended else ""))
             return
-        print(status_table(self.require().status()))
+        from IPython.display import display
+
+        if not getattr(args, "watch", False):
+            display(StatusTable(self.require().status()))  # type: ignore[no-untyped-call]
+            return
+        handle = display(self._watched_table(), display_id=True)  # type: ignore[no-untyped-call]
+        self._start_watch(handle)
+
+    def _watched_table(self) -> StatusTable | str:
+        pool = self.running()
+        if pool is None:
+            return f"nbaccel: {NO_WORKERS} (this table was watched until they stopped)"
+        return StatusTable(pool.status(), note=f"watched: read again after every cell; last read at {time.strftime('%H:%M:%S')}")
+
+    def _start_watch(self, handle: Any) -> None:
+        """Refresh ``handle`` after every later cell (IPython's post_run_cell, on the kernel's
+        main thread) until the workers stop; one watched table at a time."""
+        from IPython import get_ipython
+
+        self._unwatch()
+        shell = get_ipython()
+        if shell is None or handle is None:
+            return
+
+        def refresh(result: Any = None) -> None:
+            try:
+                table = self._watched_table()
+                handle.update(table)
+            except Exception as error:  # noqa: BLE001 - a watch must never break the user's cells
+                say(f"%distributed status --watch stopped: {type(error).__name__}: {error}")
+                table = ""
+            if not isinstance(table, StatusTable):
+                self._unwatch()
+
+        shell.events.register("post_run_cell", refresh)
+        self._watch = (shell, refresh)
+
+    def _unwatch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            shell, hook = watch
+            with contextlib.suppress(ValueError):
+                shell.events.unregister("post_run_cell", hook)
 
     def free(self, args: argparse.Namespace | None = None) -> None:
         """``gc.collect()`` and ``torch.cuda.empty_cache()`` on every rank; what each freed."""
@@ -180,15 +226,42 @@ class NotebookWorkers:
         except LookupError as error:
             raise UsageError(f"%distributed debug: {error}") from None
 
-    def push(self, names: list[str]) -> None:
+    def push(self, names: list[str], shard: bool | str = False, mesh: tuple[int, ...] | None = None) -> None:
         pool = self.require()
         missing = [name for name in names if name not in self.user_ns]
         if missing:
             raise UsageError(f"%distributed push: {_names(missing)} not defined in the notebook; define it first, or check the spelling.")
+        if mesh is not None and not shard:
+            raise UsageError("%distributed push: --mesh shapes a sharded push; add --shard (or drop --mesh).")
+        how: bool | Callable[[Any, Any], Any] = shard is True
+        if isinstance(shard, str):  # --shard RECIPE: a notebook function recipe(module, mesh)
+            recipe = self.user_ns.get(shard)
+            if not callable(recipe):
+                raise UsageError(f"%distributed push --shard {shard}: {shard!r} is not a function in the notebook; define recipe(module, mesh) first.")
+            how = recipe
         try:
-            pool.push(**{name: self.user_ns[name] for name in names})
-        except TypeError as error:  # the pool names the value that cannot be pickled
+            pool.push(shard=how, mesh=mesh, **{name: self.user_ns[name] for name in names})
+        except (TypeError, ValueError) as error:  # the pool names the value it cannot push, or the mesh that does not fit
             raise UsageError(f"%distributed push: {error}") from None
+
+    def save(self, args: argparse.Namespace) -> None:
+        """``%distributed save DIR NAME...``: DCP on every rank, atomic."""
+        path = self._checkpoint("save", lambda pool: pool.save(args.directory, *args.names))
+        say(f"saved {', '.join(args.names)} to {path} on {self.require().num_processes} ranks")
+
+    def load(self, args: argparse.Namespace) -> None:
+        """``%distributed load DIR NAME...``: resharded onto these ranks."""
+        self._checkpoint("load", lambda pool: pool.load(args.directory, *args.names))
+        say(f"loaded {', '.join(args.names)} from {args.directory} onto {self.require().num_processes} ranks")
+
+    def _checkpoint(self, command: str, call: Callable[[WorkerPool], Any]) -> Any:
+        from nbaccel.errors import CheckpointError
+
+        pool = self.require()
+        try:
+            return call(pool)
+        except CheckpointError as error:  # refused on every rank alike, before any write: the workers are kept
+            raise UsageError(f"%distributed {command}: {error}") from None
 
     def pull(self, name: str, rank: int, out: str | None) -> None:
         pool = self.require()

@@ -1,5 +1,9 @@
 """The tables ``%distributed status`` and ``%distributed free`` print: one row per rank.
 
+``%distributed status`` shows a `StatusTable`: the same rows as text (terminal IPython, papermill's
+saved text) and as an HTML table (JupyterLab, VS Code, Colab, GitHub), so the workers' state is
+legible where nbaccel's extension and its workers panel are not.
+
 Example:
     >>> from nbaccel.pool import WorkerStatus
     >>> print(status_table([WorkerStatus(0, 4242, "cpu", "idle", 310.4, None, "x = 1", cpu_percent=12.0, peak_memory_mb=400.0)]))
@@ -12,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,24 +33,74 @@ def status_table(statuses: Iterable[WorkerStatus]) -> str:
 
     The gpu column (allocated / reserved by torch / used on the whole device) shows only when a
     rank uses CUDA; the gpu use column (what NVML lists for the rank's pid, its peak, and the GPU's
-    utilisation, sampled by the kernel) only where NVML answers.
+    utilisation, sampled by the kernel) only where NVML answers; the sharded column (each sharded
+    module's parameters on the rank, of the full size) only where a rank holds one.
 
     >>> from nbaccel.pool import WorkerStatus
     >>> gpu = WorkerStatus(0, 7, "cuda:0", "idle", 900.0, 512.0, "-", gpu_held_mb=1024.0, gpu_peak_mb=2048.0, gpu_util=88)
     >>> print(status_table([gpu]).splitlines()[1])
     0     7    cuda:0  idle   -    900 MiB  -     512 MiB / - / -                  1.0 GiB / 2.0 GiB / 88%   -
     """
+    return _table(status_rows(statuses))
+
+
+def status_rows(statuses: Iterable[WorkerStatus]) -> list[tuple[str, ...]]:
+    """The status table's rows, headings first (see `status_table`)."""
     statuses = list(statuses)
     gpu = any(s.device_memory_mb is not None for s in statuses)
     nvml = any(s.gpu_util is not None or s.gpu_held_mb is not None for s in statuses)
     gpu_heads = (*(("gpu (allocated/reserved/device)",) if gpu else ()), *(("gpu use (held/peak/busy)",) if nvml else ()))
-    rows = [("rank", "pid", "device", "state", "cpu", "memory", "peak", *gpu_heads, "last cell")]
+    sharded = any(s.shards for s in statuses)
+    heads = (*gpu_heads, *(("sharded (held / full)",) if sharded else ()))
+    rows: list[tuple[str, ...]] = [("rank", "pid", "device", "state", "cpu", "memory", "peak", *heads, "last cell")]
     for s in statuses:
         cpu = "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%"
         peak = "-" if s.peak_memory_mb is None else gib(int(s.peak_memory_mb * _MIB))
-        gpu_cells = (*((_gpu_cell(s),) if gpu else ()), *((_nvml_cell(s),) if nvml else ()))
-        rows.append((str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *gpu_cells, s.last_cell or "-"))
-    return _table(rows)
+        cells = (*((_gpu_cell(s),) if gpu else ()), *((_nvml_cell(s),) if nvml else ()), *((shards_cell(s.shards),) if sharded else ()))
+        rows.append((str(s.rank), str(s.pid), s.device, s.state, cpu, gib(int(s.memory_mb * _MIB)), peak, *cells, s.last_cell or "-"))
+    return rows
+
+
+class StatusTable:
+    """The workers' status as Jupyter shows it: ``text/html`` and ``text/plain`` of the same rows.
+
+    ``note`` is a line under the table (a watched table says when it was last read).
+
+    >>> from nbaccel.pool import WorkerStatus
+    >>> table = StatusTable([WorkerStatus(1, 42, "cpu", "idle", 100.0, None, "x = 1")])
+    >>> "<td>idle</td>" in table._repr_html_(), repr(table).splitlines()[1].split()[:4]
+    (True, ['1', '42', 'cpu', 'idle'])
+    """
+
+    def __init__(self, statuses: Iterable[WorkerStatus], note: str = "") -> None:
+        self.rows = status_rows(statuses)
+        self.note = note
+
+    def __repr__(self) -> str:
+        return _table(self.rows) + (f"\n{self.note}" if self.note else "")
+
+    def _repr_html_(self) -> str:
+        head, *body = self.rows
+        cells = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in head)
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
+        note = f"<div style='color:#5f6368;font-size:12px'>{html.escape(self.note)}</div>" if self.note else ""
+        return f"<table class='nbaccel-status'><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody></table>{note}"
+
+
+def shards_cell(shards: Mapping[str, tuple[int, int]]) -> str:
+    """Each sharded module of a rank: the bytes of parameters it holds, of the full model's.
+
+    >>> shards_cell({"model": (2**29, 2**30)})
+    'model 512 MiB / 1.0 GiB'
+    """
+    return ", ".join(f"{name} {_size(held)} / {_size(full)}" for name, (held, full) in sorted(shards.items())) or "-"
+
+
+def _size(size: int) -> str:
+    """Like ``gib``, and ``12.5 KiB`` or ``420 B`` under 1 MiB: small models are sharded too."""
+    if size >= _MIB:
+        return gib(size)
+    return f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} B"
 
 
 def _nvml_cell(s: WorkerStatus) -> str:

@@ -2,8 +2,12 @@
 
 ``"widgets"``: the live per-rank widget view (``WidgetSink``); ``"text"``: labelled lines
 (``RichTextSink``); ``"auto"`` (the default): widgets when a frontend that renders them runs
-this kernel, text otherwise (nbclient, nbconvert, terminal IPython, plain Python); see
-``nbaccel.output.frontend`` for how that is told.
+this kernel, text otherwise (nbclient, papermill, nbconvert, terminal IPython, plain Python, a
+frontend nbaccel does not recognise); see ``nbaccel.output.frontend`` for how that is told.
+The widget view keeps the pace of the frontend it found (``nbaccel.output.update_policy``: about
+10 widget messages a second in VS Code and Colab), whichever way widgets were chosen. A launch
+run from another thread than the kernel's main one gets text: widget updates from a thread are
+not rendered everywhere (Colab, colabtools #3373).
 
 ``WidgetSink`` is three sinks side by side: every rank's full log (``RankLogSink``), and the
 live widget view (``LiveViewSink``), shown as text instead if it breaks (``TextFallback``).
@@ -20,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +36,7 @@ from nbaccel.output.fallback import TextFallback
 from nbaccel.output.logdir import DEFAULT_KEEP, RankLogSink
 from nbaccel.output.sinks import ClocklessSink, CollectingSink, Sink, TeeSink  # noqa: F401 - CollectingSink is used by the doctest
 from nbaccel.output.text import RichTextSink
+from nbaccel.output.update_policy import UpdatePolicy, policy_for
 
 if TYPE_CHECKING:
     from nbaccel.output.widgets.sink import Publisher
@@ -38,37 +44,42 @@ if TYPE_CHECKING:
 OUTPUT_MODES = ("auto", "text", "widgets")
 ENV_VAR = "NBACCEL_OUTPUT"
 
-_warned = {"no_kernel": False}
+_warned = {"no_kernel": False, "thread": False}
 
 
 class WidgetSink(TeeSink):
     """The widget view of a launch: the ranks' log files, then the live view (text if it breaks).
 
     Args:
-        max_lines: lines each rank's panel keeps in the browser (older ones stay in the log).
+        max_lines: lines each rank's panel keeps in the browser (older ones stay in the log;
+            default: the frontend's, 500 in JupyterLab, 200 in VS Code and Colab).
         max_displays: rich outputs (figures, tables) each panel keeps.
-        interval: least seconds between two pushes of one rank's panel.
+        interval: least seconds between two pushes of one rank's panel (default: the frontend's).
         log_root: parent folder of the per-launch log folders (default: see ``logdir``);
             ``False`` keeps no logs.
         keep_launches: launch folders kept under ``log_root``.
         publisher: where the view is displayed (default: IPython's display, into the cell).
         clock: seconds, monotonic (``time.monotonic``; tests pass a fake one).
+        policy: the frontend's pace (default: that of the frontend running this cell, see
+            ``nbaccel.output.frontend.detect``).
     """
 
     def __init__(
         self,
-        max_lines: int = 500,
+        max_lines: int | None = None,
         max_displays: int = 20,
-        interval: float = 0.05,
+        interval: float | None = None,
         log_root: Path | str | bool | None = None,
         keep_launches: int = DEFAULT_KEEP,
         publisher: Publisher | None = None,
         clock: Callable[[], float] = time.monotonic,
+        policy: UpdatePolicy | None = None,
     ) -> None:
         from nbaccel.output.widgets.sink import LiveViewSink  # imports ipywidgets: only where widgets are wanted
 
+        self.policy = policy or policy_for(frontend.detect().name)
         self.logs = None if log_root is False else RankLogSink(None if log_root in (None, True) else Path(str(log_root)), keep_launches)
-        self.live = LiveViewSink(max_lines, max_displays, interval, publisher, logs=self.logs, clock=clock)
+        self.live = LiveViewSink(max_lines, max_displays, interval, publisher, logs=self.logs, clock=clock, policy=self.policy)
         self.fallback = TextFallback(self.live, what="the live widget view")
         super().__init__(*([self.logs] if self.logs is not None else []), self.fallback)
 
@@ -86,12 +97,26 @@ def make_sink(output: str | Sink | None) -> Sink:
         raise ValueError(f"unknown {source} {mode!r}; choose one of {', '.join(map(repr, OUTPUT_MODES))}.")
     if mode == "text":
         return RichTextSink()
+    if threading.current_thread() is not threading.main_thread():
+        if mode == "widgets":
+            _warn_once(
+                "thread",
+                "output='widgets' from a thread other than the kernel's main one: showing text (widget updates from a thread are not rendered everywhere).",
+            )
+        return RichTextSink()
     if mode == "widgets":
         if frontend.in_kernel():
             return WidgetSink()
         _warn_no_kernel()
         return RichTextSink()
-    return WidgetSink() if frontend.widget_frontend_attached() else RichTextSink()
+    found = frontend.detect()
+    return WidgetSink(policy=policy_for(found.name)) if found.widgets else RichTextSink()
+
+
+def _warn_once(key: str, text: str) -> None:
+    if not _warned[key]:
+        _warned[key] = True
+        say(text)
 
 
 def _warn_no_kernel() -> None:

@@ -23,21 +23,54 @@ What a frontend leaves behind in the kernel, strongest evidence first:
    not: a kernel started by ``jupyter notebook`` in VS Code's terminal has it too, and a kernel
    on a remote Jupyter server that VS Code connects to has none.
 
-Anything else (no kernel: terminal IPython, plain Python) means text.
+Beyond "widgets or not", ``detect()`` names the frontend, because renderers differ in how many
+widget messages they take (``nbaccel.output.update_policy`` holds the rate each one gets):
+
+- VS Code: the ``vscode-notebook-cell:`` cell id above; ``VSCODE_PID`` only as a weak hint, for a
+  widget frontend seen through the control comm (panel #5200: the variable alone is unreliable);
+- Colab: its kernel imports ``google.colab`` before the first cell;
+- Kaggle: its kernels carry ``KAGGLE_KERNEL_RUN_TYPE`` (``Interactive`` in the editor, ``Batch``
+  for a "Save & Run All" commit, which nobody watches: text) and ``KAGGLE_URL_BASE``;
+- JupyterLab 4 and Notebook 7 (the same notebook code): their cell metadata;
+- the classic Notebook (nbclassic, Notebook 6): its widget manager opens the control comm but its
+  cells carry no metadata at all, so it is told only by a watcher installed at kernel start;
+  loaded by a cell, it looks like nbclient and gets text (``--widgets`` asks for the view).
+
+Anything else (no kernel: terminal IPython, plain Python; or a frontend nbaccel does not know)
+means text, labelled by rank.
 
 Example:
     >>> widget_frontend_attached()  # plain Python: no kernel, so no widgets
     False
+    >>> detect().name, detect().widgets
+    ('none', False)
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 CONTROL_TARGET = "jupyter.widget.control"
 _JUPYTERLAB_CELL_KEYS = ("deletedCells", "recordTiming")
 _VSCODE_CELL_SCHEMES = ("vscode-notebook-cell:", "vscode-interactive")
+
+VSCODE, COLAB, KAGGLE, JUPYTERLAB, CLASSIC, NONE = "vscode", "colab", "kaggle", "jupyterlab", "classic", "none"
+FRONTENDS = (VSCODE, COLAB, KAGGLE, JUPYTERLAB, CLASSIC, NONE)
+KAGGLE_VARIABLES = ("KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_URL_BASE")
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What runs this cell: ``name`` (one of ``FRONTENDS``), whether it renders ipywidgets, and why
+    nbaccel thinks so (``evidence``, in words)."""
+
+    name: str
+    widgets: bool
+    evidence: str
+
 
 _state: dict[str, Any] = {"seen": False, "since_start": False, "manager": None, "handler": None}
 
@@ -70,16 +103,50 @@ def watch(shell: Any = None) -> bool:
 
 def widget_frontend_attached(shell: Any = None) -> bool:
     """True when the frontend running this cell can show ipywidgets (see the module doc)."""
+    return detect(shell).widgets
+
+
+def detect(shell: Any = None, environ: Any = None) -> Frontend:
+    """The frontend running this cell, strongest evidence first (see the module doc).
+
+    ``environ`` (default ``os.environ``) is where Kaggle's and VS Code's variables are read.
+    """
+    env = os.environ if environ is None else environ
     kernel = _kernel(shell)
     if kernel is None:
-        return False
+        return Frontend(NONE, False, "no Jupyter kernel (terminal IPython or plain Python)")
     watch(shell)  # re-register if importing ipywidgets replaced our handler
-    if _state["seen"] or _ipywidgets_saw_control_comm():
-        return True
-    if _state["since_start"]:
-        return False
     metadata = _current_parent(kernel).get("metadata") or {}
-    return any(key in metadata for key in _JUPYTERLAB_CELL_KEYS) or _sent_by_vscode(metadata)
+    if _sent_by_vscode(metadata):
+        return Frontend(VSCODE, True, f"the cell's id is a VS Code cell URI ({str(metadata['cellId']).split(':')[0]}:)")
+    if "google.colab" in sys.modules:
+        return Frontend(COLAB, True, "google.colab is imported (Colab's kernel)")
+    kaggle = _kaggle(env)
+    if kaggle is not None:
+        return kaggle
+    lab_cell = any(key in metadata for key in _JUPYTERLAB_CELL_KEYS)
+    if _state["seen"] or _ipywidgets_saw_control_comm():
+        if lab_cell:
+            return Frontend(JUPYTERLAB, True, "a widget manager opened the control comm; the cell carries JupyterLab's metadata")
+        if env.get("VSCODE_PID"):
+            return Frontend(VSCODE, True, "a widget manager opened the control comm, and VSCODE_PID is set")
+        return Frontend(CLASSIC, True, "a widget manager opened the control comm; the cell carries no metadata (classic Notebook)")
+    if _state["since_start"]:
+        return Frontend(NONE, False, "no widget manager opened the control comm since the kernel started")
+    if lab_cell:
+        return Frontend(JUPYTERLAB, True, "the cell carries JupyterLab's metadata (deletedCells, recordTiming)")
+    return Frontend(NONE, False, "no widget frontend recognised (nbclient, papermill, jupyter console, or an unknown frontend)")
+
+
+def _kaggle(env: Any) -> Frontend | None:
+    """Kaggle's kernels, by their variables: the editor renders widgets, a commit run does not."""
+    present = [name for name in KAGGLE_VARIABLES if env.get(name)]
+    if not present:
+        return None
+    run_type = env.get("KAGGLE_KERNEL_RUN_TYPE", "")
+    if run_type == "Batch":
+        return Frontend(KAGGLE, False, "KAGGLE_KERNEL_RUN_TYPE=Batch (a commit run: nobody watches it)")
+    return Frontend(KAGGLE, True, f"{present[0]} is set (Kaggle's notebook editor)")
 
 
 def _sent_by_vscode(metadata: dict[str, Any]) -> bool:

@@ -9,6 +9,8 @@ Example:
     'cpu 3% · 256 MiB · gpu 40%'
     >>> peak_words({"peak_rss": 2**31}), peak_words({"peak_rss": 2**31, "peak_gpu_mem": 5 * 2**30})
     ('peak 2.0 GiB', 'peak 2.0 GiB · gpu peak 5.0 GiB')
+    >>> peak_words({"peak_rss": 2**31, "cpu_time": 754.2, "peak_gpu_mem": 5 * 2**30})
+    'peak 2.0 GiB · cpu 12 min 34 s · gpu peak 5.0 GiB'
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nbaccel.output.status_words import elapsed_words
 from nbaccel.wire.sizes import gib
 
 
@@ -45,8 +48,11 @@ def gpu_words(sample: Mapping[str, Any]) -> str:
 
 
 def peak_words(sample: Mapping[str, Any]) -> str:
-    """``peak 2.0 GiB``: the most resident memory a rank held (and ``· gpu peak 5.0 GiB`` on a GPU)."""
+    """``peak 2.0 GiB``: the most resident memory a rank held (then ``· cpu 3.2 s``, the CPU time it
+    used, where sampled, and ``· gpu peak 5.0 GiB`` on a GPU): a finished rank's figures."""
     words = f"peak {gib(int(sample.get('peak_rss') or 0))}"
+    if sample.get("cpu_time") is not None:
+        words += f" · cpu {elapsed_words(float(sample['cpu_time']))}"
     if sample.get("peak_gpu_mem") is not None:
         words += f" · gpu peak {gib(int(sample['peak_gpu_mem']))}"
     return words

@@ -7,10 +7,18 @@ line per ``min_interval`` seconds), every ``quiet_interval`` seconds when its to
 and its final state when it closes. A bar made with ``leave=False`` (an inner loop's, which
 vanishes in a terminal) prints only every ``quiet_interval`` seconds while it lasts.
 
+The launch's closing lines give each sampled rank's figures, as the widget view's last chips do
+(``peak_words``): its peak resident memory, the CPU time it had used at its last sample
+(about once a second: a rank that ended sooner has no sample, and no line), and on a GPU its
+peak device memory.
+
 Example:
     >>> sink = RichTextSink()
     >>> sink.event(1, {"type": "display", "data": {"text/plain": "<Figure size 640x480>"}})
     [rank 1] <Figure size 640x480>
+    >>> sink.event(1, {"type": "resources", "cpu": 99.0, "rss": 2**30, "peak_rss": 2**31, "cpu_time": 3.24})
+    >>> sink.launch_finished([])
+    nbaccel: rank 1: peak 2.0 GiB · cpu 3.2 s
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbaccel.launch.outcome import RankOutcome
+from nbaccel.output.resource_words import peak_words
 from nbaccel.output.sinks import TextSink
 from nbaccel.output.stragglers import wall_straggler
 from nbaccel.wire import rich
@@ -37,24 +46,44 @@ class RichTextSink(TextSink):
         self._bars: dict[tuple[int, int], tuple[float, int]] = {}  # (rank, bar) -> (printed at, milestone)
         self._started_at = time.monotonic()
         self._elapsed: dict[int, float] = {}  # rank -> seconds from the start to its end
+        self._figures: dict[int, dict[str, Any]] = {}  # rank -> peak_rss, peak_gpu_mem, cpu_time sampled
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._bars.clear()
         self._started_at = time.monotonic()
         self._elapsed = {}
+        self._figures = {}
 
     def rank_finished(self, outcome: RankOutcome) -> None:
         self._elapsed[outcome.rank] = time.monotonic() - self._started_at
+        if outcome.peak_rss is not None:  # the peak the loop (or the rank's node agent) kept for it
+            self._note(outcome.rank, {"peak_rss": outcome.peak_rss})
 
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
+        lines = [f"nbaccel: rank {rank}: {peak_words(figures)}" for rank, figures in sorted(self._figures.items())]
         straggler = wall_straggler(self._elapsed)
         if straggler:
-            self._stream("stdout").write(f"nbaccel: {straggler}\n")
+            lines.append(f"nbaccel: {straggler}")
+        if lines:
+            self._stream("stdout").write("".join(f"{line}\n" for line in lines))
             self._written.add("stdout")
+        self._figures = {}
         super().launch_finished(outcomes)
+
+    def _note(self, rank: int, sample: dict[str, Any]) -> None:
+        """Keep ``rank``'s peaks (the most seen) and its latest CPU time from a sample."""
+        figures = self._figures.setdefault(rank, {})
+        for peak in ("peak_rss", "peak_gpu_mem"):
+            if sample.get(peak) is not None:
+                figures[peak] = max(int(sample[peak]), figures.get(peak) or 0)
+        if sample.get("cpu_time") is not None:
+            figures["cpu_time"] = float(sample["cpu_time"])
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")
+        if kind == rich.RESOURCES:
+            self._note(rank, event)
+            return
         if kind == rich.PROGRESS:
             if self._should_print(rank, event):
                 self.output(rank, "stdout", [str(event.get("text", ""))])

@@ -13,8 +13,8 @@ import atexit
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbaccel.errors import LaunchTimeoutError, NbaccelError, RankFailedError
@@ -29,13 +29,14 @@ from nbaccel.launch.seam import GroupStarter, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
+from nbaccel.pool import sharded
 from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
 from nbaccel.pool.in_step import CollectiveCount, out_of_step
 from nbaccel.pool.leaving import wait_until_ended
 from nbaccel.pool.ready import wait_until_ready
 from nbaccel.pool.serve import serve
 from nbaccel.pool.task_policy import Task, raise_stuck_error
-from nbaccel.pool.worker_calls import Assign, CallFunction, Fetch, FreeMemory, RankStatus
+from nbaccel.pool.worker_calls import Assign, CallFunction, FreeMemory, RankStatus
 from nbaccel.rank import exit_hooks
 from nbaccel.rank.debugger import DebugLastFailure
 from nbaccel.wire import rich, shm
@@ -74,6 +75,7 @@ class WorkerStatus:
     gpu_held_mb: float | None = None  # what NVML lists for the rank's pid on its GPU, sampled by the kernel (nbaccel.devices.gpu_use)
     gpu_peak_mb: float | None = None  # the most of that sampled since the workers started
     gpu_util: float | None = None  # its GPU's utilisation, percent (NVML)
+    shards: dict[str, tuple[int, int]] = field(default_factory=dict)  # sharded module -> (bytes of parameters this rank holds, full size)
 
     def describe(self) -> str:
         gpu = f", {self.device_memory_mb:.0f} MiB on {self.device}" if self.device_memory_mb is not None else ""
@@ -119,6 +121,11 @@ class WorkerPool:
     @property
     def alive(self) -> bool:
         return self._group is not None
+
+    @property
+    def shares_memory(self) -> bool:
+        """Big values travel to and from these ranks as shared memory (they run on this machine)."""
+        return self._require_group().shares_memory
 
     @property
     def num_processes(self) -> int:
@@ -180,8 +187,24 @@ class WorkerPool:
             CallFunction(Sourced.wrap(function), args), ranks=ranks, timeout=timeout, output=output, label=getattr(function, "__name__", "function")
         )
 
-    def push(self, **values: Any) -> None:
-        """Bind ``values`` in every rank's namespace (cloudpickle carries them)."""
+    def push(self, shard: bool | Callable[[Any, Any], Any] = False, mesh: Sequence[int] | None = None, **values: Any) -> None:
+        """Bind ``values`` in every rank's namespace (cloudpickle carries them).
+
+        ``shard=True``: each value (a module) is placed sharded over the ranks by FSDP2's
+        ``fully_shard`` on a 1-D mesh, or ``mesh`` (``(dp, tp)``: HSDP, replicated over dp and
+        sharded over tp), each rank receiving only its slices. ``shard=recipe``: ``recipe(module,
+        mesh)`` shards it on each rank (``parallelize_module``, per-layer ``fully_shard``), and each
+        rank copies its part from the full weights in shared memory (``nbaccel.pool.sharded``).
+        """
+        if shard:
+            recipe = None if shard is True else shard
+            if recipe is not None and not callable(recipe):
+                raise TypeError(f"shard={shard!r} is neither True nor a callable recipe(module, mesh); pass shard=True for fully_shard, or a function")
+            for name, value in values.items():
+                sharded.shard_tasks(name, value, self.num_processes, mesh)  # refuses a non-module before anything is sent
+            for name, value in values.items():
+                sharded.push_sharded(self, name, value, mesh, recipe)
+            return
         for name, value in values.items():  # one at a time, so a failure names the culprit
             try:
                 _check_picklable(value)
@@ -192,8 +215,20 @@ class WorkerPool:
         self.run_task(Assign(values), output="text", label="push " + " ".join(values), remember=False)
 
     def pull(self, name: str, rank: int = 0) -> Any:
-        """A variable of ``rank``'s namespace, with tensors moved to CPU (a module: its state_dict)."""
-        return self.run_task(Fetch(name), ranks=[rank], output="text", label=f"pull {name}", remember=False)[rank]
+        """A variable of ``rank``'s namespace, with tensors moved to CPU (a module: its state_dict).
+
+        A value holding DTensors (FSDP2, tensor parallel) is gathered on every rank and comes as
+        full CPU tensors (``nbaccel.pool.sharded``)."""
+        return sharded.pull(self, name, rank)
+
+    def save(self, directory: str | os.PathLike[str], *names: str) -> str:
+        """Save ``names`` (modules, optimizers, tensors, objects) with torch.distributed.checkpoint,
+        atomically, into ``directory``; its absolute path. Loads on any number of ranks."""
+        return sharded.save(self, directory, names)
+
+    def load(self, directory: str | os.PathLike[str], *names: str) -> None:
+        """Load ``names`` from a checkpoint ``save`` wrote (on any number of ranks), resharded as they are here."""
+        sharded.load(self, directory, names)
 
     def status(self) -> list[WorkerStatus]:
         """Per rank: pid, device, idle or ended, memory in use, and the last cell it ran."""
@@ -241,25 +276,45 @@ class WorkerPool:
         remember: bool = True,
     ) -> Any:
         """Send ``task`` (a callable over the rank's namespace) to ``ranks`` and collect the answers."""
-        group = self._require_group()
+        self._require_group()
         chosen = self._check_ranks(ranks)
-        check_timeout(timeout)
-        attached = Attachments() if group.shares_memory else None
-        try:
-            payload = _pickle_by_value(task, attached)
-            self._check_alive(group)
-            values = self._run_sent(group, chosen, payload, attached, timeout, output, label, remember)
-        finally:
-            if attached is not None:
-                attached.close()  # each rank has its own fds by now
+        values = self.run_each(dict.fromkeys(chosen, task), timeout, output, label, remember)
         return [values[r] for r in chosen] if ranks is None else values
+
+    def run_each(
+        self,
+        tasks: Mapping[int, Callable[[dict[str, Any]], Any]],
+        timeout: float | None = None,
+        output: str | Sink | None = None,
+        label: str = "",
+        remember: bool = True,
+    ) -> dict[int, Any]:
+        """Send each rank (the keys) its own task and collect the answers, by rank; one task for
+        several ranks is pickled once. Each rank receives only its own (a sharded push: its slices)."""
+        group = self._require_group()
+        chosen = self._check_ranks(list(tasks))
+        check_timeout(timeout)
+        payloads: dict[int, tuple[bytes, Attachments | None]] = {}
+        made: dict[int, tuple[bytes, Attachments | None]] = {}
+        try:
+            for rank in chosen:
+                task = tasks[rank]
+                if id(task) not in made:
+                    attached = Attachments() if group.shares_memory else None
+                    made[id(task)] = (_pickle_by_value(task, attached), attached)
+                payloads[rank] = made[id(task)]
+            self._check_alive(group)
+            return self._run_sent(group, chosen, payloads, timeout, output, label, remember)
+        finally:
+            for _, attached in made.values():
+                if attached is not None:
+                    attached.close()  # each rank has its own fds by now
 
     def _run_sent(
         self,
         group: RankGroup,
         chosen: list[int],
-        payload: bytes,
-        attached: Attachments | None,
+        payloads: dict[int, tuple[bytes, Attachments | None]],
         timeout: float | None,
         output: str | Sink | None,
         label: str,
@@ -277,7 +332,7 @@ class WorkerPool:
             loop = session.watch(
                 EventLoop(group, sink, policy, ranks=chosen, deadline=deadline, timeout=timeout, stall_report=self.plan.stall_report, sampler=self._sampler)
             )
-            self._send(group, chosen, payload, attached)
+            self._send(group, chosen, payloads)
             loop.run()
         self._raise_for(loop, policy, timeout)
         return {o.rank: o.value for o in loop.outcome_list()}
@@ -322,10 +377,10 @@ class WorkerPool:
             self.stop()
             raise PoolStoppedError(f"worker(s) ended while idle: {ended}; the pool was stopped. Start new workers.")
 
-    def _send(self, group: RankGroup, ranks: list[int], payload: bytes, attached: Attachments | None) -> None:
+    def _send(self, group: RankGroup, ranks: list[int], payloads: dict[int, tuple[bytes, Attachments | None]]) -> None:
         try:
             for rank in ranks:
-                group.send(rank, Kind.TASK, payload, attached)
+                group.send(rank, Kind.TASK, *payloads[rank])
         except BaseException:  # a half-sent task leaves the command stream unusable
             self.stop()
             raise
@@ -408,6 +463,7 @@ class WorkerPool:
             peak_memory_mb=None if sample is None else sample["peak_rss"] / 2**20,
             device_reserved_mb=(answer or {}).get("device_reserved_mb"),
             device_used_mb=(answer or {}).get("device_used_mb"),
+            shards=(answer or {}).get("shards") or {},
             **_gpu_figures(sample),
         )
 

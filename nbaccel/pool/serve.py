@@ -19,6 +19,7 @@ from typing import Any
 
 from nbaccel.devices import nvml
 from nbaccel.errors import EngineStateError
+from nbaccel.rank import process_title
 from nbaccel.rank.bootstrap import call_and_report
 from nbaccel.wire import events, shm
 from nbaccel.wire.job import ChildEnds
@@ -30,6 +31,7 @@ def serve(ends: ChildEnds, seed: dict[str, Any] | None) -> None:
     """The persistent worker's main loop; returns when the kernel says STOP or goes away."""
     if ends.commands is None:
         raise EngineStateError("a persistent worker was started without a command stream")
+    process_title.name_worker(int(os.environ.get("RANK", "0")), os.environ.get("WORLD_SIZE", "1"))
     namespace = _namespace(seed)
     state = _join_process_group()
     restore = _defer_destroy_process_group()

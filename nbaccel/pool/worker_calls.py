@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nbaccel.rank import gather, shard_place
+
 
 @dataclass
 class CallFunction:
@@ -47,7 +49,10 @@ class Fetch:
     def __call__(self, namespace: dict[str, Any]) -> Any:
         if self.name not in namespace:
             raise NameError(f"name {self.name!r} is not defined on this rank; define it in a %%distributed cell first")
-        return to_cpu(namespace[self.name])
+        value = namespace[self.name]
+        if gather.holds_dtensors(value):  # a shard is not the value: every rank gathers it (nbaccel.pool.sharded)
+            return gather.layout_of(value)
+        return to_cpu(value)
 
 
 def to_cpu(value: Any) -> Any:
@@ -71,11 +76,13 @@ class RankStatus:
     """What only the rank knows about itself: its resident memory (it may run on another node) and GPU memory.
 
     On a GPU: ``device_memory_mb`` (allocated by tensors), ``device_reserved_mb`` (held by torch's
-    caching allocator) and ``device_used_mb`` (the whole device's use, from ``cudaMemGetInfo``).
+    caching allocator) and ``device_used_mb`` (the whole device's use, from ``cudaMemGetInfo``);
+    ``shards``: for each sharded module, the bytes of parameters this rank holds and the full size.
     """
 
     def __call__(self, namespace: dict[str, Any]) -> dict[str, Any]:
-        return {"memory_mb": _resident_bytes() / 2**20, **{f"{k}_mb": None if v is None else v / 2**20 for k, v in _cuda_memory().items()}}
+        cuda = {f"{k}_mb": None if v is None else v / 2**20 for k, v in _cuda_memory().items()}
+        return {"memory_mb": _resident_bytes() / 2**20, **cuda, "shards": shard_place.shard_sizes(namespace)}
 
 
 @dataclass

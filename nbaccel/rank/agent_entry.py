@@ -15,8 +15,10 @@ Example (what the agent passes to start_processes, per local rank)::
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from nbaccel.rank import process_title
 from nbaccel.rank.bootstrap import run_rank
 from nbaccel.wire.job import ChildEnds, Job
 
@@ -30,5 +32,7 @@ def _call_pickled(ends: ChildEnds, job_bytes: bytes) -> Any:
     import cloudpickle
 
     job: Job = cloudpickle.loads(job_bytes)
+    if not job.pass_ends:  # a worker's loop names itself
+        process_title.name_rank(int(os.environ["RANK"]), os.environ.get("WORLD_SIZE", "1"), job.label or process_title.job_label(job.function))
     args = (ends, *job.args) if job.pass_ends else job.args
     return job.function(*args)

@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, stack_dump
+from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, process_title, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events, shm
@@ -53,6 +53,7 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
     modules_at_start = heavy_imports.present()
     try:
         _detach_from_kernel(parent_pid, close_fds)
+        _name_process(job, rank, env)
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
         _set_environment(env)
@@ -69,7 +70,9 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
         if isinstance(job, bytes):
             from nbaccel.wire.job_pickle import load_job
 
-            exit_code = execute(load_job(job, shm.rank_mailbox()), ends)
+            loaded = load_job(job, shm.rank_mailbox())
+            _name_process(loaded, rank, env)
+            exit_code = execute(loaded, ends)
         else:
             exit_code = execute(job, ends)
         _report_imports(modules_at_start, ends.channel)
@@ -125,6 +128,16 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
             pass
 
 
+def _name_process(job: Job | bytes, rank: int, env: dict[str, str]) -> None:
+    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi (``process_title.rank_title``'s
+    words, made here: every function a fresh rank runs copies its code's page). A job still in
+    bytes is named again once loaded; one passed its pipe ends is nbaccel's own loop (a
+    worker's, a node's job by value), which names the process itself."""
+    label = None if isinstance(job, bytes) or job.pass_ends else job.label or process_title.job_label(job.function)
+    world = env.get("WORLD_SIZE", "1")
+    process_title.set_title(f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}")
+
+
 def _set_environment(env: dict[str, str]) -> None:
     """``os.environ.update(env)`` without the mapping machinery of ``MutableMapping.update``,
     whose code and objects a fresh rank would otherwise write to (copying their pages): for each
@@ -154,10 +167,12 @@ def _forget_kernel_state() -> None:
 
 
 def _pin_device(env: dict[str, str]) -> None:
-    if env.get("NBACCEL_DEVICE_TYPE") == "cuda":
+    """A GPU rank's own device current before any user code: ``cuda:N`` (NVIDIA, AMD) or ``xpu:N``."""
+    kind = env.get("NBACCEL_DEVICE_TYPE")
+    if kind in ("cuda", "xpu"):
         import torch
 
-        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+        getattr(torch, kind).set_device(int(env.get("NBACCEL_DEVICE_INDEX") or env["LOCAL_RANK"]))
 
 
 def execute(job: Job, ends: ChildEnds) -> int:

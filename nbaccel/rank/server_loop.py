@@ -36,6 +36,8 @@ import socket
 import sys
 from typing import Any, NoReturn
 
+from nbaccel.rank import process_title
+
 MAX_MESSAGE = 1 << 20  # a request's dict: the kernel's environment, sys.path and a few module names
 MAX_FDS = 8
 _PR_SET_PDEATHSIG = 1
@@ -76,6 +78,7 @@ def _become_server(parent_pid: int) -> None:
     except OSError:
         pass
     _die_with(parent_pid)
+    process_title.name_fork_server(parent_pid)  # not another copy of the kernel in ps and top
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in ("SIGTERM", "SIGHUP", "SIGCHLD", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)

@@ -34,8 +34,13 @@ class GroupInfo:
 
 
 def default_backend(device_type: str) -> str:
-    """The backend for a device type: nccl for CUDA, gloo for everything else (CPU)."""
-    return "nccl" if device_type == "cuda" else "gloo"
+    """The backend for a device type: nccl for CUDA (RCCL on a ROCm torch, under the same name),
+    xccl for Intel XPUs (built into torch), gloo for everything else (CPU).
+
+    >>> default_backend("cuda"), default_backend("xpu"), default_backend("cpu")
+    ('nccl', 'xccl', 'gloo')
+    """
+    return {"cuda": "nccl", "xpu": "xccl"}.get(device_type, "gloo")
 
 
 def current_group() -> GroupInfo | None:
@@ -59,7 +64,7 @@ def launched_alone(env: LaunchEnvironment, device_type: str, cpu_requested: bool
         (True, True, False)
     """
     launched = env.local_rank is not None and env.world_size == 1
-    return launched and (device_type == "cuda" or cpu_requested)
+    return launched and (device_type in ("cuda", "xpu") or cpu_requested)
 
 
 def join_default_group(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from nbaccel.wire import rank_env as names
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
-DEVICE_TYPES = ("cpu", "cuda")
+DEVICE_TYPES = ("cpu", "cuda", "xpu")
 
 
 def is_truthy(value: str | None) -> bool:
@@ -45,7 +45,7 @@ def normalize_mixed_precision(value: object, where: str) -> str:
 class LaunchEnvironment:
     """The launch variables of one process, parsed and checked; None where a variable is unset.
 
-    ``device_type`` is what a launcher chose ("cpu", "cuda") or None when it did not say
+    ``device_type`` is what a launcher chose ("cpu", "cuda", "xpu") or None when it did not say
     (torchrun, ``accelerate launch``). A launcher may leave RANK out when it creates the process
     group itself (Accelerate's ``debug_launcher`` does); the group then tells the rank.
     """
@@ -60,6 +60,7 @@ class LaunchEnvironment:
     debug: bool = False
     master_addr: str | None = None
     master_port: str | None = None
+    device_index: int | None = None  # NBACCEL_DEVICE_INDEX: the GPU a launched rank pins (None: its local index)
 
     @property
     def is_distributed(self) -> bool:
@@ -95,6 +96,7 @@ class LaunchEnvironment:
             debug=is_truthy(environ.get("ACCELERATE_DEBUG_MODE")),
             master_addr=environ.get("MASTER_ADDR"),
             master_port=environ.get("MASTER_PORT"),
+            device_index=_int_var(environ, names.DEVICE_INDEX, minimum=0),
         )
 
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from nbaccel.devices import nvml
+from nbaccel.devices.inventory import gpu_inventory
 from nbaccel.errors import NbaccelError
 from nbaccel.state import default_group as process_group
 from nbaccel.state.control import FirstProcessFailedError, ProcessControl
@@ -50,6 +50,7 @@ class DistributedType(str, enum.Enum):
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_XPU = "MULTI_XPU"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     MEGATRON_LM = "MEGATRON_LM"
@@ -203,8 +204,8 @@ class PartialState(ProcessControl):
         Example:
             >>> PartialState().set_device()
         """
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        if self.device.type in ("cuda", "xpu"):
+            getattr(torch, self.device.type).set_device(self.device)
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy ``group`` (default: the default process group).
@@ -226,14 +227,14 @@ def _set_up(cpu: bool, kwargs: dict[str, Any]) -> _Snapshot:
     device_type = _device_type(cpu, env)
     alone = process_group.launched_alone(env, device_type, cpu or env.use_cpu or env.device_type == "cpu")
     device = None
-    if device_type == "cuda" and (env.is_distributed or alone) and process_group.current_group() is None:
-        # Before the group exists, so that nccl binds this rank's GPU.
-        device = _device(device_type, env.local_index(env.rank or 0))
-        torch.cuda.set_device(device)
+    if device_type in ("cuda", "xpu") and (env.is_distributed or alone) and process_group.current_group() is None:
+        # Before the group exists, so that nccl (xccl) binds this rank's GPU.
+        device = _device(device_type, _device_index(env, env.local_index(env.rank or 0)))
+        getattr(torch, device_type).set_device(device)
     group = process_group.join_default_group(env, process_group.default_backend(device_type), dict(kwargs), alone=alone, device=device)
     local_index = env.local_index(group.rank if group else 0)
     return _Snapshot(
-        device=_device(device_type, local_index),
+        device=_device(device_type, _device_index(env, local_index)),
         distributed_type=_distributed_type(group, device_type, launched=env.local_rank is not None),
         backend=group.backend if group else None,
         num_processes=group.world_size if group else 1,
@@ -245,9 +246,17 @@ def _set_up(cpu: bool, kwargs: dict[str, Any]) -> _Snapshot:
     )
 
 
+def _device_index(env: LaunchEnvironment, local_index: int) -> int:
+    """The GPU this rank uses: the launcher's NBACCEL_DEVICE_INDEX (an XPU rank sees every
+    device), else its local index (torchrun, Accelerate)."""
+    return env.device_index if env.device_index is not None else local_index
+
+
 def _device_type(cpu: bool, env: LaunchEnvironment) -> str:
     if cpu or env.use_cpu or env.device_type == "cpu":
         return "cpu"
+    if env.device_type == "xpu":  # launched on Intel GPUs: torch.xpu counts them in the rank
+        return "xpu"
     gpus = cuda_device_count()
     if env.device_type == "cuda" and gpus == 0:
         raise RuntimeError(
@@ -260,16 +269,21 @@ def _device_type(cpu: bool, env: LaunchEnvironment) -> str:
 def _device(device_type: str, local_rank: int) -> torch.device:
     if device_type == "cpu":
         return torch.device("cpu")
+    if device_type == "xpu":
+        return torch.device("xpu", local_rank)
     return torch.device("cuda", local_rank % max(1, cuda_device_count()))
 
 
 def cuda_device_count() -> int:
     """The CUDA devices this process sees. Outside a launched rank (a state made in the kernel)
     counted through NVML only: ``torch.cuda.device_count()`` falls back to ``cuInit`` where NVML
-    cannot answer (MIG, no libnvidia-ml), which would spoil every later fork."""
+    cannot answer (MIG, no libnvidia-ml), which would spoil every later fork. GPUs count only when
+    this torch can drive them (a CPU-only torch on an NVIDIA box counts none; a ROCm torch counts
+    AMD GPUs: ``nbaccel.devices.inventory``)."""
     if fork_launched():
         return int(torch.cuda.device_count())
-    return nvml.visible_count()
+    found = gpu_inventory()
+    return len(found.devices) if found.device_type == "cuda" else 0
 
 
 def _distributed_type(group: GroupInfo | None, device_type: str, launched: bool) -> DistributedType:
@@ -277,7 +291,7 @@ def _distributed_type(group: GroupInfo | None, device_type: str, launched: bool)
     # model in DDP when the type is not NO then finds the group it needs).
     if group is None or (group.world_size == 1 and not launched):
         return DistributedType.NO
-    return DistributedType.MULTI_GPU if device_type == "cuda" else DistributedType.MULTI_CPU
+    return {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}.get(device_type, DistributedType.MULTI_CPU)
 
 
 def _check_same_request(shared: _Snapshot, cpu: bool, kwargs: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ class Job:
     function: Callable[..., Any]
     args: tuple[Any, ...] = ()
     pass_ends: bool = False
+    label: str | None = None  # what the ranks run, in ps: "cell [12]", "train" (made once, in the kernel)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from nbaccel.wire import flight_recorder
 FORK_LAUNCHED = "NBACCEL_FORK_LAUNCHED"  # "1" when nbaccel forked this process; it owns teardown
 NODE_RANK = "NBACCEL_NODE_RANK"  # which node of a cluster this rank runs on ("0" on one machine)
 NUM_NODES = "NBACCEL_NUM_NODES"
-DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda" or "cpu": what the launcher chose for the ranks
+DEVICE_TYPE = "NBACCEL_DEVICE_TYPE"  # "cuda", "xpu" or "cpu": what the launcher chose for the ranks
+DEVICE_INDEX = "NBACCEL_DEVICE_INDEX"  # the device a GPU rank pins (cuda:N / xpu:N, as the rank numbers them)
 MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"  # Accelerate's own name, so Accelerator() sees it too
 ACCELERATE_FORK_LAUNCHED = "FORK_LAUNCHED"  # Accelerate's PartialState.fork_launched reads this
 ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
@@ -75,6 +76,7 @@ def rank_environment(
     visible_gpus: Sequence[int] | None = None,
     inherited: Mapping[str, str] | None = None,
     socket_interface: str | None = None,
+    gpu_vendor: str = "nvidia",
 ) -> dict[str, str]:
     """Environment variables for one rank of a launch (only the ones nbaccel sets).
 
@@ -85,6 +87,9 @@ def rank_environment(
     not know it (an IPv6 link, say), which leaves the choice to gloo. ``run_id`` is one name
     for the whole launch, the same on every rank and across restarts, as torchrun's ``--rdzv-id``
     (whose default is also "none").
+
+    ``visible_gpus`` are the launch's devices as the kernel numbers them (one a rank, on this
+    node), of ``gpu_vendor``'s GPUs: see ``device_variables``.
     """
     inherited = os.environ if inherited is None else inherited
     local_rank = rank if local_rank is None else local_rank
@@ -123,13 +128,39 @@ def rank_environment(
         # NCCL's flight recorder: which collective a stuck rank is in (nbaccel.wire.flight_recorder).
         env[flight_recorder.BUFFER_VARIABLE] = flight_recorder.BUFFER_DEFAULT
     if visible_gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = _physical_devices(visible_gpus, inherited.get("CUDA_VISIBLE_DEVICES"))
+        env.update(device_variables(gpu_vendor, visible_gpus, local_rank, inherited))
     interface = loopback_interface() if socket_interface is None else socket_interface
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         chosen = inherited.get(name) or interface  # the user's choice first
         if chosen:
             env[name] = chosen
     return env
+
+
+def device_variables(gpu_vendor: str, chosen: Sequence[int], local_rank: int, inherited: Mapping[str, str]) -> dict[str, str]:
+    """The device variables of a GPU rank: which devices it sees and which one it pins.
+
+    NVIDIA: ``CUDA_VISIBLE_DEVICES`` lists the launch's GPUs, the rank pins ``cuda:local_rank``.
+    AMD (a ROCm torch, through ``torch.cuda``): the same list at HIP's level, written in
+    ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` alike (so that torch's check of the two
+    finds them agreeing, pytorch #140398), within the kernel's own ``ROCR_VISIBLE_DEVICES``,
+    which is inherited unchanged. Intel: every device stays visible to every rank (oneCCL needs
+    each device of a communicator visible in each process: a per-rank ``ZE_AFFINITY_MASK`` breaks
+    its collectives, vllm #53076); the rank pins its own one, ``xpu:chosen[local_rank]``.
+
+    Example:
+        >>> device_variables("amd", [0, 1], 1, {"HIP_VISIBLE_DEVICES": "4,5"})
+        {'HIP_VISIBLE_DEVICES': '4,5', 'CUDA_VISIBLE_DEVICES': '4,5', 'NBACCEL_DEVICE_INDEX': '1'}
+        >>> device_variables("intel", [2, 3], 1, {})
+        {'NBACCEL_DEVICE_INDEX': '3'}
+    """
+    if gpu_vendor == "intel":
+        return {DEVICE_INDEX: str(chosen[local_rank] if local_rank < len(chosen) else local_rank)}
+    if gpu_vendor == "amd":
+        at_hip = inherited.get("HIP_VISIBLE_DEVICES", inherited.get("CUDA_VISIBLE_DEVICES"))
+        shown = _physical_devices(chosen, at_hip)
+        return {"HIP_VISIBLE_DEVICES": shown, "CUDA_VISIBLE_DEVICES": shown, DEVICE_INDEX: str(local_rank)}
+    return {"CUDA_VISIBLE_DEVICES": _physical_devices(chosen, inherited.get("CUDA_VISIBLE_DEVICES")), DEVICE_INDEX: str(local_rank)}
 
 
 def _physical_devices(chosen: Sequence[int], kernel_visible: str | None) -> str:

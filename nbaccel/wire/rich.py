@@ -20,7 +20,8 @@ Types:
     ``profile``: a rank's torch.profiler trace (``--profile``): ``rank``, ``host``,
         ``started_ns``/``ended_ns`` (Unix-epoch ns of the profiled call), ``trace`` (Chrome JSON text).
     ``resources``: what the kernel (or a node's agent) sampled of the rank's process: ``cpu``
-        (percent of one core), ``rss`` (bytes), ``peak_rss``, and for a rank on a GPU where NVML
+        (percent of one core), ``rss`` (bytes), ``peak_rss``, ``cpu_time`` (seconds of CPU used so
+        far; absent from an older agent's samples), and for a rank on a GPU where NVML
         answers ``gpu_mem`` (bytes NVML lists for its pid; None: unknown), ``peak_gpu_mem`` and
         ``gpu_util`` (its GPU's utilisation, percent).
 

@@ -125,6 +125,10 @@ def pickler_class(base: type, attached: Attachments | None, to_cpu: bool, probe:
                 return _TAG if _big(torch, numpy, obj) else None
             if attached is None or len(attached.fds) >= _MAX_FDS:
                 return None
+            if type(obj) is Prewritten:
+                return obj.hand_over(attached)
+            if type(obj) is SharedRegion:
+                return obj.reference(attached)
             if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
                 return _share_tensor(torch, obj, attached, to_cpu)
             if numpy is not None and type(obj) is numpy.ndarray:
@@ -185,6 +189,8 @@ class _Unpickler(pickle.Unpickler):
         if tag not in self.fds:
             self.fds[tag] = self.mailbox.take(tag)
         fd = self.fds[tag][index]
+        if kind == "region":
+            return _map_region(fd, meta, shared=True)
         return _map_tensor(fd, meta) if kind == "tensor" else _map_array(fd, meta)
 
 
@@ -223,6 +229,95 @@ def _share_tensor(torch: Any, tensor: Any, attached: Attachments, to_cpu: bool) 
     _write_all(fd, memoryview(flat.numpy()))
     meta = (str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), tensor.requires_grad, isinstance(tensor, torch.nn.Parameter))
     return (_TAG, attached.tag, index, "tensor", meta)
+
+
+class Prewritten:
+    """A CPU tensor copied into a memfd now, pickled later as a reference to it (its fd handed over).
+
+    A rank that streams a big value (``%distributed pull`` of a sharded model: one gathered
+    parameter at a time) writes each piece here and lets go of it at once, so it never holds the
+    whole value; pickled without a mailbox, it travels in-band as the tensor.
+
+    Example:
+        >>> import torch
+        >>> Prewritten(torch.arange(3.0)).tensor().tolist()
+        [0.0, 1.0, 2.0]
+    """
+
+    def __init__(self, tensor: Any) -> None:
+        import torch
+
+        tensor = tensor.detach()
+        self.fd = os.memfd_create("nbaccel-shared", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, tensor.nbytes)
+        if tensor.nbytes:
+            _write_all(self.fd, memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy()))
+        self.meta = (str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), False, False)
+
+    def hand_over(self, attached: Attachments) -> Any:
+        """Its reference in a payload whose fds are ``attached`` (which closes the fd from now on)."""
+        attached.fds.append(self.fd)
+        self.fd = -1
+        return (_TAG, attached.tag, len(attached.fds) - 1, "tensor", self.meta)
+
+    def tensor(self) -> Any:
+        """The tensor, mapped (no copy)."""
+        if self.fd < 0:
+            raise ValueError("this memfd was handed over to a payload already")
+        return _map_tensor(self.fd, self.meta)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # no mailbox: in-band, as the tensor itself
+        reduced: tuple[Any, ...] = self.tensor().clone().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return reduced
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SharedRegion:
+    """A memfd the kernel makes for ranks to write into: each rank maps it shared (its writes land
+    in the kernel's memory, no copy on the way back), the kernel maps it to read.
+
+    ``%distributed pull`` of a sharded model: every rank writes its own shards at their offsets in
+    the full tensors, in parallel, and nothing travels back but the layout.
+
+    Example:
+        >>> region = SharedRegion(8)
+        >>> region.tensor().tolist()
+        [0, 0, 0, 0, 0, 0, 0, 0]
+        >>> region.close()
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.fd = os.memfd_create("nbaccel-region", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, max(nbytes, 1))
+
+    def reference(self, attached: Attachments) -> Any:
+        """Its reference in a payload: the rank that unpickles it maps the region shared (a uint8 tensor)."""
+        attached.fds.append(os.dup(self.fd))
+        return (_TAG, attached.tag, len(attached.fds) - 1, "region", self.nbytes)
+
+    def tensor(self) -> Any:
+        """The region as a uint8 tensor of ``nbytes``, mapped here (what the ranks wrote)."""
+        return _map_region(self.fd, self.nbytes, shared=False)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _map_region(fd: int, nbytes: int, shared: bool) -> Any:
+    import torch
+
+    storage: Any = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=shared, nbytes=max(nbytes, 1))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
 
 
 def _map_tensor(fd: int, meta: Any) -> Any:

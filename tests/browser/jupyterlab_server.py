@@ -59,8 +59,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 60.0) -> Iterator[Lab]:
-    """Start ``jupyter lab`` on 127.0.0.1 serving ``root``; stop it and its kernels afterwards."""
+def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 60.0, app: str = "jupyterlab", args: tuple[str, ...] = ()) -> Iterator[Lab]:
+    """Start ``jupyter lab`` on 127.0.0.1 serving ``root``; stop it and its kernels afterwards.
+
+    ``app="nbclassic"`` starts the classic Notebook instead (the same server, its own pages);
+    ``args`` are more server options.
+    """
     port, token = _free_port(), secrets.token_hex(16)
     home = root / ".home"
     home.mkdir(exist_ok=True)
@@ -78,7 +82,7 @@ def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 6
     command = [
         sys.executable,
         "-m",
-        "jupyterlab",
+        app,
         "--no-browser",
         "--allow-root",
         f"--ServerApp.port={port}",
@@ -86,10 +90,11 @@ def jupyterlab(root: Path, env: dict[str, str] | None = None, timeout: float = 6
         "--ServerApp.ip=127.0.0.1",
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
-        "--LabApp.news_url=",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--ServerApp.shutdown_no_activity_timeout=0",
+        *args,
     ]
+    if app == "jupyterlab":
+        command += ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     with open(log, "wb") as log_file:
         process = subprocess.Popen(command, env=server_env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     lab = Lab(port, token, root, process, log)

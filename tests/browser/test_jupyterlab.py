@@ -165,8 +165,8 @@ def _check_live_view(page: sync_api.Page, shots: Path) -> None:
     assert launch.locator(".nbaccel-progress").first.is_visible()
     assert "rank 0 · running" in launch.inner_text()  # the chips say it in words
     # The kernel samples each rank once a second: its chip says its CPU use and memory, live.
-    page.wait_for_function("() => document.querySelectorAll('.nbaccel-launch .nbaccel-resources').length === 2")
-    for use in launch.locator(".nbaccel-resources").all_inner_texts():
+    page.wait_for_function("() => document.querySelectorAll('.nbaccel-launch .nbaccel-chips .nbaccel-resources').length === 2")
+    for use in launch.locator(".nbaccel-chips .nbaccel-resources").all_inner_texts():
         assert use.startswith("· cpu ") and ("MiB" in use or "GiB" in use), use
     page.screenshot(path=str(shots / "live.png"))
     tabs.nth(1).click()

@@ -110,6 +110,8 @@ static int read_use(long gpu, unsigned int *pids, unsigned long long *used, int 
             if (g == gpu && n < MAX_PROCS) { pids[n] = pid; used[n++] = strcmp(bytes, "na") ? strtoull(bytes, 0, 10) : ~0ULL; }
         } else if (!strcmp(kind, "util") && fscanf(f, "%ld %d", &g, &pct) == 2) {
             if (g == gpu) *util = pct;
+        } else if (!strcmp(kind, "mem") && fscanf(f, "%ld %31s %*s", &g, bytes) == 2) {
+            /* read by nvmlDeviceGetMemoryInfo */
         } else break;
     }
     fclose(f);
@@ -137,6 +139,22 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned int *n, void *info
 int nvmlDeviceGetComputeRunningProcesses_v2(void *h, unsigned int *n, void *infos) { return list("v2", h, n, infos, 0); }
 #endif
 int nvmlDeviceGetComputeRunningProcesses(void *h, unsigned int *n, void *infos) { return list("v1", h, n, infos, 1); }
+/* "mem <gpu> <used> <total>" lines: the device's memory in use by every process (no line: 0 of 80 GiB). */
+int nvmlDeviceGetMemoryInfo(void *h, unsigned long long *info) {
+    const char *path = getenv("FAKE_NVML_USE"); FILE *f; char kind[8]; long g, v = (long)h; unsigned long long used, total;
+    if (v < 1 || v > count_or_zero()) return 2;
+    info[0] = 80ULL << 30; info[1] = info[0]; info[2] = 0; /* total, free, used */
+    if (!path || !(f = fopen(path, "r"))) return 0;
+    while (fscanf(f, "%7s", kind) == 1) {
+        if (!strcmp(kind, "mem")) {
+            if (fscanf(f, "%ld %llu %llu", &g, &used, &total) != 3) break;
+            if (g == v - 1) { info[0] = total; info[2] = used; info[1] = total - used; }
+        } else { int c; while ((c = fgetc(f)) != EOF && c != '\n'); }
+    }
+    fclose(f);
+    return 0;
+}
+int nvmlSystemGetCudaDriverVersion_v2(int *version) { const char *v = getenv("FAKE_NVML_CUDA"); *version = atoi(v ? v : "12080"); return 0; }
 int nvmlDeviceGetUtilizationRates(void *h, unsigned int *rates) {
     unsigned int pids[MAX_PROCS]; unsigned long long used[MAX_PROCS]; int util; long v = (long)h;
     if (v < 1 || v > count_or_zero()) return 2;
@@ -173,13 +191,71 @@ def build_fake_nvml(folder: Path, process_calls: tuple[str, ...] = ("v3", "v2", 
     return _build(FAKE_NVML, folder, "libnvidia-ml.so.1", defines)
 
 
-def write_use(path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int]) -> None:
-    """Tell the fake NVML (``$FAKE_NVML_USE``) what runs: gpu -> {pid: bytes (None: not available)}, gpu -> percent.
+def write_use(path: Path, processes: dict[int, dict[int, int | None]], utilisation: dict[int, int], memory: dict[int, tuple[int, int]] | None = None) -> None:
+    """Tell the fake NVML (``$FAKE_NVML_USE``) what runs: gpu -> {pid: bytes (None: not available)}, gpu -> percent,
+    gpu -> (bytes used by every process, total bytes) (default 0 of 80 GiB).
 
     Written whole and renamed into place, so the fake never reads half a file.
     """
     lines = [f"proc {gpu} {pid} {'na' if used is None else used}" for gpu, found in processes.items() for pid, used in found.items()]
     lines += [f"util {gpu} {percent}" for gpu, percent in utilisation.items()]
+    lines += [f"mem {gpu} {used} {total}" for gpu, (used, total) in (memory or {}).items()]
     scratch = path.with_suffix(".new")
     scratch.write_text("\n".join(lines) + "\n")
     scratch.replace(path)
+
+
+def fake_kfd_tree(root: Path, gpus: list[dict[str, int | str]], cpus: int = 1) -> Path:
+    """A stand-in for ``/sys/class/kfd`` (and each GPU's ``/sys/class/drm/renderD<N>/device``) under ``root``.
+
+    KFD lists CPU nodes first (``gpu_id`` 0), then one node per GPU: each dict gives ``gpu_id``,
+    ``name`` (ISA), ``unique_id``, ``minor`` (render node), ``total``/``used`` (VRAM bytes), ``busy`` (%).
+    Also creates ``root/dev/kfd`` (a plain file: opening it stands for ROCr's open).
+    """
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    for node in range(cpus):
+        (nodes / str(node)).mkdir(parents=True, exist_ok=True)
+        (nodes / str(node) / "gpu_id").write_text("0\n")
+        (nodes / str(node) / "name").write_text("\n")
+        (nodes / str(node) / "properties").write_text("cpu_cores_count 16\nsimd_count 0\n")
+    for offset, gpu in enumerate(gpus):
+        folder = nodes / str(cpus + offset)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "gpu_id").write_text(f"{gpu['gpu_id']}\n")
+        (folder / "name").write_text(f"{gpu.get('name', 'gfx942')}\n")
+        (folder / "properties").write_text(f"cpu_cores_count 0\nsimd_count 1216\nunique_id {gpu.get('unique_id', 0)}\ndrm_render_minor {gpu['minor']}\n")
+        device = root / f"sys/class/drm/renderD{gpu['minor']}/device"
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "vendor").write_text("0x1002\n")
+        (device / "class").write_text("0x038000\n")
+        (device / "mem_info_vram_total").write_text(f"{gpu.get('total', 192 * 2**30)}\n")
+        (device / "mem_info_vram_used").write_text(f"{gpu.get('used', 0)}\n")
+        (device / "gpu_busy_percent").write_text(f"{gpu.get('busy', 0)}\n")
+    (root / "sys/class/kfd/kfd/proc").mkdir(parents=True, exist_ok=True)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev/kfd").touch()
+    return root
+
+
+def write_kfd_process(root: Path, pid: int, vram: dict[int, int]) -> None:
+    """KFD's ``proc/<pid>/vram_<gpu_id>`` files: what ``pid`` holds on each GPU (by gpu_id)."""
+    folder = root / "sys/class/kfd/kfd/proc" / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    for gpu_id, size in vram.items():
+        (folder / f"vram_{gpu_id}").write_text(f"{size}\n")
+
+
+def fake_drm_tree(root: Path, cards: list[tuple[str, int, int, str]]) -> Path:
+    """A stand-in for ``/sys/class/drm`` and ``/dev/dri`` under ``root``: (pci address, vendor, class, render node) each."""
+    for address, vendor, klass, node in cards:
+        pci = root / "sys/devices/pci0000:00" / address
+        pci.mkdir(parents=True, exist_ok=True)
+        (pci / "vendor").write_text(f"{vendor:#06x}\n")
+        (pci / "class").write_text(f"{klass:#08x}\n")
+        (pci / "device").write_text("0x0bd5\n")
+        render = root / "sys/class/drm" / node
+        render.mkdir(parents=True, exist_ok=True)
+        (render / "device").symlink_to(pci)
+        (root / "dev/dri").mkdir(parents=True, exist_ok=True)
+        (root / "dev/dri" / node).touch()
+    return root

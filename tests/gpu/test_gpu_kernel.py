@@ -119,7 +119,7 @@ def test_distributed_status_shows_each_rank_gpu_memory(kernel: Kernel) -> None:
     ok(kernel, "%distributed start")
     try:
         ok(kernel, "%%distributed\nblock = torch.empty(256 * 2**20, dtype=torch.uint8, device=state.device)")
-        lines = ok(kernel, "%distributed status").stdout.splitlines()
+        lines = ok(kernel, "%distributed status").shown.splitlines()
         assert lines[0].split()[:4] == ["rank", "pid", "device", "state"], lines
         rows = lines[1:]
         assert len(rows) == n, lines

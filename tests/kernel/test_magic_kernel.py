@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,15 @@ def test_ipython_config_loads_nbaccel_without_load_ext(tmp_path: Path, config: s
         run = k.execute("%%distributed -n 2\nstate.process_index + 1")
         assert run.status == "ok", run.error
         assert _result_text(run) == "1"
+
+
+def test_a_text_mode_cell_ends_with_each_ranks_peak_memory_and_cpu_time(kernel: Kernel) -> None:
+    """What the widget view's last chips say, in the closing lines (nbclient, papermill, terminals)."""
+    run = kernel.execute("%%distributed -n 2\nimport time\ndeadline = time.process_time() + 2.5\nwhile time.process_time() < deadline:\n    pass\n")
+    assert run.status == "ok", run.stderr
+    closing = [line for line in run.stdout.splitlines() if line.startswith("nbaccel: rank ")]
+    assert [line.split(":")[1] for line in closing] == [" rank 0", " rank 1"], run.stdout
+    for line in closing:  # sampled about once a second: the CPU time at the last sample, a second or more
+        match = re.fullmatch(r"nbaccel: rank \d: peak [\d.]+ (MiB|GiB) · cpu ([\d.]+) s", line)
+        assert match and float(match.group(2)) >= 0.9, line
+    _no_ranks_left(kernel)

@@ -49,7 +49,7 @@ def usage_error(run: Execution) -> str:
 
 
 def worker_pids(kernel: Kernel) -> list[int]:
-    lines = ok(kernel, "%distributed status").stdout.splitlines()
+    lines = ok(kernel, "%distributed status").shown.splitlines()
     assert lines[0].split()[:2] == ["rank", "pid"], lines
     return [int(line.split()[1]) for line in lines[1:]]
 
@@ -104,7 +104,7 @@ def test_push_and_pull_between_the_notebook_and_the_ranks(workers: Kernel) -> No
 
 def test_status_shows_every_rank(workers: Kernel) -> None:
     ok(workers, "%%distributed\nx = 1")
-    lines = ok(workers, "%distributed status").stdout.splitlines()
+    lines = ok(workers, "%distributed status").shown.splitlines()
     assert lines[0].split() == ["rank", "pid", "device", "state", "cpu", "memory", "peak", "last", "cell"]
     for rank, line in enumerate(lines[1:]):
         fields = line.split()
@@ -148,7 +148,7 @@ def test_a_crashing_rank_stops_the_workers_and_the_error_names_it(workers: Kerne
     assert "rank 1 failed: killed by SIGKILL" in "\n".join(run.error["traceback"])
     assert "the workers were stopped" in run.stdout
     assert psutil.Process(workers.pid).children() == []
-    assert "(or %distributed restart, with the same options)" in ok(workers, "%distributed status").stdout
+    assert "(or %distributed restart, with the same options)" in ok(workers, "%distributed status").shown
     after = ok(workers, "%%distributed -n 2\n5")
     assert after.stdout == "nbaccel: no workers running (stopped after a failure); one-shot launch of 2 ranks\n" and after.stderr == ""
     assert result(after) == "5"

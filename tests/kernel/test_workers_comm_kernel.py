@@ -3,21 +3,32 @@ pushes on start, cell start and end, crash and stop; restart/stop requests; sile
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
 import time
 import uuid
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
+import jsonschema
 import psutil
 import pytest
 
+from tests.extension_types import strict
 from tests.kernel_harness import Execution, Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 TARGET = "nbaccel.workers"
+# What the kernel sends must be in the protocol's schema, as protocol.ts declares it (tests/test_extension_types.py).
+PROTOCOL = strict(json.loads(resources.files("nbaccel.notebook").joinpath("workers_protocol.schema.json").read_text()))
+
+
+def _checked(data: dict[str, Any]) -> dict[str, Any]:
+    jsonschema.validate(data, PROTOCOL)
+    return data
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +58,7 @@ class Frontend:
 
     def pushes(self, run: Execution) -> list[dict[str, Any]]:
         """What the kernel sent this comm while running a cell."""
-        return [m["content"]["data"] for m in run.messages if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == self.comm_id]
+        return [_checked(m["content"]["data"]) for m in run.messages if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == self.comm_id]
 
     def wait_for(self, accept: Any, timeout: float = 10.0) -> dict[str, Any]:
         """The first message on this comm, sent under any parent, that ``accept`` takes."""
@@ -58,7 +69,7 @@ class Frontend:
             except queue.Empty:
                 continue
             if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == self.comm_id and accept(msg["content"]["data"]):
-                return msg["content"]["data"]
+                return _checked(msg["content"]["data"])
         raise TimeoutError("no such message from the kernel")
 
     def close(self) -> None:
@@ -76,7 +87,7 @@ class Frontend:
             if reply["msg_type"] == "status" and reply["content"]["execution_state"] == "idle":
                 return answers
             if reply["msg_type"] == "comm_msg":
-                answers.append(reply["content"]["data"])
+                answers.append(_checked(reply["content"]["data"]))
         raise TimeoutError(f"the kernel did not answer {msg_type}")
 
 

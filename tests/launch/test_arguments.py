@@ -11,6 +11,7 @@ import pytest
 
 import nbaccel
 import nbaccel.launch.plan as plan_module
+from nbaccel.devices.inventory import Device, Inventory
 
 
 def noop() -> None:
@@ -56,8 +57,12 @@ def test_bad_arguments_are_refused_before_forking(kwargs: dict, error: type, mat
         nbaccel.notebook_launcher(**call)
 
 
+def nvidia_gpus(count: int) -> Inventory:
+    return Inventory("cuda", "nvidia", tuple(Device(i, "NVIDIA H200", i) for i in range(count)))
+
+
 def test_gpus_that_are_not_visible_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_module, "visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(plan_module, "gpu_inventory", lambda: nvidia_gpus(2))
     with pytest.raises(ValueError, match=r"gpus=\[0, 3\] names device\(s\) \[3\], but only 2 GPU\(s\) are visible"):
         nbaccel.notebook_launcher(noop, gpus=[0, 3])
     with pytest.raises(ValueError, match="names a device twice"):
@@ -67,7 +72,7 @@ def test_gpus_that_are_not_visible_are_named(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_module, "visible_gpu_count", lambda: 4)
+    monkeypatch.setattr(plan_module, "gpu_inventory", lambda: nvidia_gpus(4))
     with pytest.raises(ValueError, match=r"num_processes=8 but only 4 GPU\(s\) are visible.*cpu=True"):
         nbaccel.notebook_launcher(noop, num_processes=8)
 

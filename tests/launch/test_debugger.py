@@ -131,6 +131,7 @@ def test_q_fails_the_launch_naming_the_rank(stdin: Callable[..., ScriptedStdin])
         nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, output=CollectingSink())
 
 
+@pytest.mark.slow
 def test_the_timeout_stands_still_while_a_rank_is_at_the_prompt(stdin: Callable[..., ScriptedStdin]) -> None:
     scripted = stdin(["c"], delay=scaled(2.5))
     assert nbaccel.notebook_launcher(stop_on_rank_one, num_processes=2, timeout=scaled(2.0), stall_report=0.5, output=CollectingSink()) == [8, 18]

@@ -158,6 +158,7 @@ def one_collective_more_on_rank_zero() -> None:
     dist.all_reduce(torch.ones(1))  # rank 0 waits here for a partner that does not come
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_on_gloo_a_stuck_ranks_summary_says_how_many_collectives_each_rank_issued() -> None:
     with pytest.raises(nbaccel.LaunchTimeoutError) as caught:
@@ -169,6 +170,7 @@ def test_on_gloo_a_stuck_ranks_summary_says_how_many_collectives_each_rank_issue
     assert psutil.Process().children() == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_rank_without_a_group_adds_no_count() -> None:
     def sleeper() -> None:

@@ -68,6 +68,7 @@ def test_exit_codes_and_signals_are_relayed(unsafe_kernel) -> None:
     assert nbaccel.notebook_launcher(lambda: "still serving", num_processes=1) == ["still serving"]
 
 
+@pytest.mark.slow
 def test_a_dead_server_is_restarted_and_says_so(unsafe_kernel, capsys) -> None:
     os.kill(unsafe_kernel.pid, signal.SIGKILL)
     wait_until(lambda: not alive(unsafe_kernel.pid), 5, "server killed")
@@ -118,6 +119,7 @@ KILLED_KERNEL = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.orphans
 def test_a_killed_kernel_leaves_no_orphan() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "NBACCEL_OUTPUT": "text"}
@@ -143,6 +145,7 @@ def test_a_killed_kernel_leaves_no_orphan() -> None:
                 pass
 
 
+@pytest.mark.slow
 def test_an_idle_server_uses_no_cpu_and_little_memory(unsafe_kernel) -> None:
     if unsafe_kernel.how != "forked":
         pytest.skip("this test process ran multi-threaded torch ops before: its server was exec'd (the kernel tier checks the forked one)")

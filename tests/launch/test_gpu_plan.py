@@ -16,6 +16,7 @@ import pytest
 from nbaccel.agent import node
 from nbaccel.cluster.cluster import NodeInfo
 from nbaccel.cluster.plan import cluster_on_gpus
+from nbaccel.devices.inventory import Device, Inventory
 from nbaccel.devices.nvml import Gpu
 from nbaccel.launch import plan as plan_module
 from nbaccel.launch.options import LaunchOptions
@@ -24,8 +25,13 @@ from tests.devices.fakes import build_fake_cuda, build_fake_nvml
 RTX = Gpu(0, "GPU-r0", "NVIDIA GeForce RTX 4090", (8, 9))
 
 
+def nvidia_gpus(count: int) -> Inventory:
+    return Inventory("cuda", "nvidia", tuple(Device(i, "NVIDIA H200", i) for i in range(count)))
+
+
 def test_fewer_ranks_than_gpus_get_the_first_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_module, "visible_gpu_count", lambda: 4)
+    monkeypatch.setattr(plan_module, "gpu_inventory", lambda: nvidia_gpus(4))
+    monkeypatch.setattr(plan_module, "occupants", lambda found: {})
     monkeypatch.setattr(plan_module, "nccl_guard", lambda gpus: None)
     assert plan_module.make_plan(LaunchOptions(num_processes=2), started=0.0).gpus == (0, 1)
     assert plan_module.make_plan(LaunchOptions(), started=0.0).gpus == (0, 1, 2, 3)
@@ -65,20 +71,23 @@ def test_a_cluster_short_of_gpus_is_an_error_not_quietly_cpu() -> None:
         cluster_on_gpus([node_info("a", 2, 2), node_info("b", 1, 2)])
 
 
-def test_the_agent_counts_through_nvml_and_hides_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node.nvml, "visible_count", lambda: 3)
+def test_the_agent_counts_through_the_one_gpu_map_and_hides_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node, "gpu_inventory", lambda: nvidia_gpus(3))
     assert node.visible_gpus() == 3
+    monkeypatch.setattr(node, "gpu_inventory", lambda: Inventory("cpu", "", (), ("torch 2.13.0+cpu is a CPU-only build ...",)))
+    assert node.visible_gpus() == 0  # a CPU-only torch: the node's ranks run on CPU
 
-    def broken() -> int:
+    def broken() -> Inventory:
         raise OSError("NVML is broken")
 
-    monkeypatch.setattr(node.nvml, "visible_count", broken)
+    monkeypatch.setattr(node, "gpu_inventory", broken)
     with pytest.raises(OSError, match="NVML is broken"):
         node.visible_gpus()
 
 
 BF16 = """
 import json, os, torch
+torch.version.cuda = "12.6"  # a CUDA build, as far as nbaccel can tell (a CPU-only torch counts no GPU)
 from nbaccel.devices import driver
 from nbaccel.state.accelerator import check_precision_supported
 answers = []
@@ -101,6 +110,7 @@ print(json.dumps({"answers": answers, "driver": driver.driver_state().value}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("gpu", "expected"),
@@ -125,3 +135,20 @@ def test_bf16_is_checked_through_nvml_without_initialising_cuda(tmp_path, gpu: s
     for answer, part in zip(seen["answers"], expected, strict=True):
         assert part in answer
     assert seen["driver"] == "not loaded" and not record.exists()
+
+
+def test_a_cluster_runs_on_its_nodes_kind_of_gpu_and_refuses_a_mix() -> None:
+    xpu = [NodeInfo(name=n, host=n, address="10.0.0.1", nproc=2, gpus=4, pid=1, device_type="xpu") for n in "ab"]
+    assert cluster_on_gpus(xpu) is True
+    mixed = [xpu[0], NodeInfo(name="c", host="c", address="10.0.0.3", nproc=2, gpus=2, pid=1)]
+    with pytest.raises(
+        ValueError, match=r"node a \(a, 10.0.0.1\) has xpu GPUs; node c \(c, 10.0.0.3\) has cuda GPUs: one launch runs on one kind of GPU.*cpu=True"
+    ):
+        cluster_on_gpus(mixed)
+
+
+def test_the_agent_joins_with_its_gpus_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node, "gpu_inventory", lambda: Inventory("xpu", "intel", tuple(Device(i, "Intel GPU 0x0bd5", i) for i in range(2))))
+    assert node.node_devices() == (2, "xpu")
+    monkeypatch.setattr(node, "gpu_inventory", lambda: Inventory("cuda", "", ()))
+    assert node.node_devices() == (0, "cpu")

@@ -88,11 +88,11 @@ def test_cpu_ranks_and_a_machine_without_nvml_ask_nothing(fake_library: Path, tm
     fresh.write_bytes(fake_library.read_bytes())
     monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(fresh))
     sampler = ResourceSampler({0: children[0]}, now=0.0)  # a CPU plan: no device map
-    assert set(sampler.sample(1.0)[0]) == {"cpu", "rss", "peak_rss"}
+    assert set(sampler.sample(1.0)[0]) == {"cpu", "rss", "peak_rss", "cpu_time"}
     assert str(fresh) not in Path("/proc/self/maps").read_text()  # not even loaded
     monkeypatch.setenv("NBACCEL_NVML_LIBRARY", str(tmp_path / "missing.so"))
     sampler = ResourceSampler({0: children[0]}, now=0.0, gpus={0: 0})  # CUDA ranks, no NVML: CPU and memory, no error
-    assert sampler.gpu is None and set(sampler.sample(1.0)[0]) == {"cpu", "rss", "peak_rss"}
+    assert sampler.gpu is None and set(sampler.sample(1.0)[0]) == {"cpu", "rss", "peak_rss", "cpu_time"}
 
 
 def hold_and_say_my_pid(use_path: str) -> int:
@@ -117,6 +117,7 @@ def hold_and_say_my_pid(use_path: str) -> int:
     return rank
 
 
+@pytest.mark.slow
 def test_a_real_launch_samples_its_ranks_gpu_use_through_the_loop(use_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # gloo ranks on the CPU, given the device map a CUDA plan gives (rank r on cuda:r)
     monkeypatch.setattr(LocalRankGroup, "local_gpus", lambda self: {rank: rank for rank in range(self.num_processes)})

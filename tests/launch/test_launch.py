@@ -255,6 +255,7 @@ def ignore_signals_and_hang() -> None:
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals() -> None:
     _interrupt_self_after(0.5)
     started = time.monotonic()
@@ -318,6 +319,7 @@ def test_spawn_carries_closures_defined_anywhere_by_value() -> None:
     assert nbaccel.notebook_launcher(closure, num_processes=2, start_method="spawn") == [41, 42]
 
 
+@pytest.mark.slow
 def test_spawn_failures_are_reported_like_fork_failures(tmp_path) -> None:
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: boom"):
         nbaccel.notebook_launcher(
@@ -325,6 +327,7 @@ def test_spawn_failures_are_reported_like_fork_failures(tmp_path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_auto_falls_back_to_spawn_with_one_line_when_forking_is_unsafe_and_the_server_is_off(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -373,6 +376,7 @@ def test_a_launch_listens_on_loopback_only() -> None:
         assert addresses and all(a.startswith("127.") for a in addresses), addresses
 
 
+@pytest.mark.slow
 def test_two_launches_at_the_same_moment_both_work(tmp_path) -> None:
     import subprocess
 

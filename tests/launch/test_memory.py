@@ -46,6 +46,7 @@ def grow_until_killed(cgroup: str, asked: str, seen: str) -> None:
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_rank_the_oom_killer_takes_is_named_with_its_peak_and_the_limit(memory_cgroup: Path, tmp_path: Path) -> None:
     asked, seen = str(tmp_path / "asked"), str(tmp_path / "seen")
     sink = MarkWhen(seen, sampled_above(1, asked))

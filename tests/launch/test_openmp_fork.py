@@ -37,6 +37,7 @@ print(json.dumps({"before": before, "after": after, "result": result}))
 """
 
 
+@pytest.mark.slow
 def test_a_rank_forked_after_the_kernel_used_openmp_does_not_hang() -> None:
     env = {**os.environ, "LIMIT": str(scaled(60)), "NBACCEL_OUTPUT": "text"}
     env.pop("OMP_NUM_THREADS", None)

@@ -63,6 +63,7 @@ def collectives(trace: dict[str, Any], rank: int) -> list[tuple[float, float]]:
     return [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"] if e["pid"] == rank and e.get("name") == "gloo:all_reduce"]
 
 
+@pytest.mark.slow
 def test_the_summary_names_the_rank_doing_twice_the_work_and_the_merged_trace_has_both_lanes_on_one_clock(tmp_path: Path) -> None:
     shown = Shown()
     from nbaccel.rank.profiling import Profiled

@@ -26,6 +26,7 @@ def hold_memory_and_spin(seconds: float = 2.5) -> int:
     return len(held)
 
 
+@pytest.mark.slow
 def test_every_rank_is_sampled_about_once_a_second_and_its_peak_lands_in_its_outcome() -> None:
     threads = set(threading.enumerate())
     sink = CollectingSink()

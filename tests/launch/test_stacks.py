@@ -71,6 +71,7 @@ def all_reduce_while_rank_one_sleeps() -> None:
     dist.all_reduce(torch.ones(1))
 
 
+@pytest.mark.slow
 def test_a_timeout_says_where_each_rank_was() -> None:
     sink = CollectingSink()
     with pytest.raises(nbaccel.LaunchTimeoutError) as caught:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -98,7 +99,9 @@ class FakePool:
         finally:
             os.environ.pop("RANK") if saved is None else os.environ.__setitem__("RANK", saved)
 
-    def push(self, **values: Any) -> None:
+    def push(self, shard: bool | Callable[[Any, Any], Any] = False, mesh: Sequence[int] | None = None, **values: Any) -> None:
+        if shard:
+            raise NotImplementedError("a sharded push needs real ranks (tests/pool/test_sharded.py)")
         for namespace in self.namespaces:
             namespace.update(values)
 

@@ -192,6 +192,7 @@ def test_cloudpickle_round_trip_keeps_behaviour_globals_and_file_name() -> None:
     assert set(cell.globals_used()) == {"__name__", "x", "helper"}  # only what the cell uses travels
 
 
+@pytest.mark.slow
 def test_a_cell_runs_in_a_fresh_interpreter_and_its_traceback_shows_its_lines() -> None:
     """What a spawned rank (or a remote worker) does: unpickle, run, format the traceback."""
     namespace = {"__name__": "__main__", "limit": 2, "square": lambda v: v * v}

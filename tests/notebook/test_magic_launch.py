@@ -29,6 +29,7 @@ def test_two_forked_ranks_print_labelled_lines_and_return_their_values(ip: Inter
     assert lines == ["[rank 0] rank 0 of 2, sum 3", "[rank 1] rank 1 of 2, sum 3"]
 
 
+@pytest.mark.slow
 def test_a_spawned_rank_fails_with_the_cells_line_in_its_traceback(ip: InteractiveShell) -> None:
     ip.run_cell("def check(rank):\n    if rank == 1:\n        raise KeyError('spawned rank 1')", store_history=True)
     cell = "%%distributed -n 2 --text --start-method spawn\nimport os\n\ncheck(int(os.environ['RANK']))\n"

@@ -69,11 +69,14 @@ def test_each_help_describes_every_option_once() -> None:
     assert option_lines(workers_help) == [
         *(o.flags[0] for o in LAUNCH_OPTIONS),
         "--wait-for",
+        "--watch",
         "--rank",
+        "--shard",
+        "--mesh",
         "--rank",
         "-o",
         *cluster,
-    ]  # start's, restart's, debug's, pull's, cluster's
+    ]  # start's, restart's, debug's, push's, pull's, cluster's
 
 
 def test_stall_report_takes_seconds_or_off() -> None:

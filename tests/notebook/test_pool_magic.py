@@ -282,3 +282,29 @@ def test_cluster_refuses_what_cannot_work_in_one_line(ip: InteractiveShell) -> N
     with pytest.raises(UsageError, match=r"^%distributed cluster: via='ssh' starts one agent per host: give hosts="):
         ip.run_line_magic("distributed", "cluster 127.0.0.1 --via ssh --token-dir /tmp")
     assert "cluster" not in ip.user_ns
+
+
+def test_status_is_an_html_table_and_its_watch_is_read_again_after_every_cell(ip: InteractiveShell, pool: FakePool, monkeypatch: pytest.MonkeyPatch) -> None:
+    published: list[tuple[dict[str, Any], dict[str, Any], bool]] = []
+
+    def publish(data: dict[str, Any], metadata: Any = None, *args: Any, transient: Any = None, update: bool = False, **kwargs: Any) -> None:
+        published.append((data, transient or {}, update))
+
+    monkeypatch.setattr(ip.display_pub, "publish", publish)
+    ip.run_line_magic("distributed", "status")
+    ((data, _, _),) = published
+    assert "<table class='nbaccel-status'>" in data["text/html"] and "<td>idle</td>" in data["text/html"]  # VS Code, Colab, GitHub
+    assert data["text/plain"].splitlines()[0].split()[:4] == ["rank", "pid", "device", "state"]  # terminal IPython, papermill
+    published.clear()
+    cell(ip, "%distributed status --watch")
+    shown, display_id = published[0][0], published[0][1]["display_id"]
+    assert "watched: read again after every cell" in shown["text/plain"]
+    cell(ip, "%%distributed\nwatched = 1")
+    updates = [(d, t) for d, t, update in published if update]
+    assert updates and updates[-1][1]["display_id"] == display_id and "watched = 1" in updates[-1][0]["text/html"]
+    ip.run_line_magic("distributed", "stop")
+    cell(ip, "1 + 1")  # the next cell's end: the watched table says the workers stopped, and the watch ends
+    assert "no workers running" in [d for d, t, update in published if update][-1]["text/plain"]
+    count = len(published)
+    cell(ip, "2 + 2")
+    assert len(published) == count  # no more updates

@@ -66,7 +66,7 @@ def test_cap_keeps_the_latest_lines_and_says_how_many_were_dropped_and_where_the
     assert shown == [f"line {i}" for i in range(25 - len(shown), 25)]
     assert 10 <= len(shown) < 14
     assert panel.dropped_lines == 25 - len(shown)
-    notice = panel._notice.value
+    notice = panel.header.value
     assert f"{panel.dropped_lines} earlier lines" in notice and "/logs/rank3.log" in notice
 
 
@@ -140,8 +140,8 @@ def test_a_failed_rank_starts_with_its_traceback_and_unfinished_bars_turn_red(co
     error = RemoteError("ValueError", "boom", 'Traceback (most recent call last):\n  File "cell", line 2\nValueError: boom\n', 0.0)
     panel.set_failure(RankOutcome(rank=1, status=Status.FAILED, exitcode=1, error=error))
     panel.sync()
-    first_child = panel.widget.children[0]
-    assert first_child is panel._error and panel._error.layout.display is None
+    label, first_child = panel.widget.children[:2]  # the rank's label, then why it failed
+    assert label is panel.header and first_child is panel._error
     (output,) = panel._error.outputs
     assert output["output_type"] == "error" and output["ename"] == "ValueError"
     assert output["traceback"][0] == "rank 1 failed: ValueError: boom" and output["traceback"][-1] == "ValueError: boom"

@@ -133,6 +133,7 @@ def ignore_interrupts() -> None:
     time.sleep(30)
 
 
+@pytest.mark.slow
 def test_a_rank_that_does_not_stop_tears_the_pool_down_and_says_so(pool, monkeypatch, capsys) -> None:
     monkeypatch.setattr(task_policy, "INTERRUPT_GRACE", 1.0)
     with pytest.raises(KeyboardInterrupt, match=r"rank\(s\) 0, 1 did not stop within 1 s"):
@@ -162,6 +163,7 @@ def test_a_crashing_rank_is_detected_reported_and_the_pool_stopped(pool) -> None
     assert not pool.alive and psutil.Process().children() == []
 
 
+@pytest.mark.slow
 def test_a_worker_that_died_while_idle_is_named_at_the_next_call(pool) -> None:
     victim = pool.status()[1].pid
     os.kill(victim, signal.SIGKILL)
@@ -222,6 +224,7 @@ def test_status_reports_every_rank(pool) -> None:
     assert "rank 0: pid" in statuses[0].describe()
 
 
+@pytest.mark.slow
 def test_spawned_workers_work_too() -> None:
     with start_workers(2, start_method="spawn") as spawned:
         assert spawned.run(all_reduce_rank) == [3.0, 3.0]
@@ -229,6 +232,7 @@ def test_spawned_workers_work_too() -> None:
         assert spawned.run(lambda: offset + int(os.environ["RANK"])) == [5, 6]
 
 
+@pytest.mark.slow
 def test_interrupts_that_arrive_between_tasks_never_break_the_workers(pool) -> None:
     # Every rank fails at once, so the kernel interrupts peers that may have answered already:
     # that late SIGINT must be dropped by an idle worker, whatever it was doing.

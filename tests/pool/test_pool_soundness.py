@@ -190,6 +190,7 @@ def hang_in_teardown_on_rank_one() -> None:
         nbaccel.pool.serve._destroy_default_group = lambda: time.sleep(600)
 
 
+@pytest.mark.slow
 def test_a_worker_stuck_leaving_its_group_on_stop_is_killed_and_named(capsys, monkeypatch) -> None:
     # The stop waits 2 s plus the ranks' exit-handler bound: a short bound keeps the test short.
     monkeypatch.setenv("NBACCEL_EXIT_TIMEOUT", "1")

@@ -92,6 +92,7 @@ print(results)
 """
 
 
+@pytest.mark.slow
 def test_accelerate_imported_first_inside_the_rank_sees_the_world_too() -> None:
     # A fresh interpreter: in this one accelerate is already imported (before every fork).
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORTED_IN_THE_RANK)], check=False, capture_output=True, text=True, timeout=80)
@@ -99,6 +100,7 @@ def test_accelerate_imported_first_inside_the_rank_sees_the_world_too() -> None:
     assert run.stdout.strip().splitlines()[-1] == "[('MULTI_CPU', 2, 0), ('MULTI_CPU', 2, 1)]"
 
 
+@pytest.mark.slow
 def test_spawned_ranks_see_the_world_too() -> None:
     results = notebook_launcher(world_seen_by_accelerate, args=("PartialState",), num_processes=2, cpu=True, start_method="spawn", timeout=80, output="text")
     assert [(r["type"], r["num_processes"], r["process_index"]) for r in results] == [("MULTI_CPU", 2, 0), ("MULTI_CPU", 2, 1)]

@@ -53,6 +53,7 @@ print(notebook_launcher(pool_size, num_processes=1, cpu=True, timeout=60, output
 """
 
 
+@pytest.mark.slow
 def test_omp_num_threads_set_by_the_user_is_kept() -> None:
     # One rank: nbaccel's share would be every core; the user asked for one thread.
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -111,6 +111,7 @@ def run_id() -> str:
     return os.environ["TORCHELASTIC_RUN_ID"]
 
 
+@pytest.mark.slow
 def test_the_run_id_is_one_per_launch_and_kept_across_restarts() -> None:
     first = nbaccel.notebook_launcher(run_id, num_processes=2, max_restarts=1, output="text", timeout=scaled(60))
     again = nbaccel.notebook_launcher(run_id, num_processes=2, max_restarts=1, output="text", timeout=scaled(60))

@@ -60,6 +60,7 @@ def figure_rank() -> None:
     plt.show()
 
 
+@pytest.mark.slow
 def test_a_matplotlib_figure_from_the_inline_backend_is_a_display_with_a_png(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # what ipykernel sets
     sink = _launch(figure_rank, num_processes=1)
@@ -166,6 +167,7 @@ def open_figure_rank() -> None:
     rank_hooks.finish()  # what the worker is asked to call before it sends the result
 
 
+@pytest.mark.slow
 def test_finish_shows_figures_left_open_as_a_cell_end_would(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     sink = _launch(open_figure_rank, num_processes=1)

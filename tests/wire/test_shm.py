@@ -78,6 +78,7 @@ def test_push_and_pull_move_big_values_by_memfd_to_every_worker() -> None:
         pool.stop()
 
 
+@pytest.mark.slow  # a fork server exec'd fresh (it imports torch) and spawned ranks: seconds
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 def test_launch_arguments_travel_by_memfd_on_the_non_fork_paths(start_method: str) -> None:
     big = torch.arange(2 * MIB, dtype=torch.float32)

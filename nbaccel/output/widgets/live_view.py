@@ -1,5 +1,10 @@
 """The widget of one launch: a header (a status chip per rank, the elapsed time) above one tab
-per rank taking part, the lowest first and selected.
+per rank taking part, the lowest first and selected. Each rank's panel starts with the same chip,
+so a frontend that draws no Tab titles (VS Code) still says whose panel is shown.
+
+The chips are one HTML widget for the whole row (one message when any rank's words change, not
+one per rank), and every label change is only noted until ``flush_labels()`` sends it: the sink
+decides when (at once in JupyterLab, within a message budget in VS Code and Colab).
 
 A launch runs every rank; a cell on persistent workers may run on some of them only
 (``ranks``): the view shows exactly those, each labelled with its true rank number.
@@ -8,6 +13,8 @@ Only widgets live here; when to update them is ``LiveViewSink``'s business (widg
 Example:
     >>> view = LaunchView(num_processes=2)
     >>> view.set_state(1, RUNNING)
+    >>> view.flush_labels()  # the chip row, the tab titles
+    2
     >>> view.tabs.titles
     ('rank 0 · waiting', 'rank 1 · running')
     >>> view.tabs.selected_index
@@ -61,17 +68,57 @@ class LaunchView:
         self.resources: dict[int, str] = {}  # rank -> "cpu 97% · 1.5 GiB" (at the end: its peak)
         self.peaks: dict[int, int] = {}  # rank -> most resident bytes sampled
         self.gpu_peaks: dict[int, int] = {}  # rank -> most device memory sampled (ranks on a GPU, where NVML says)
+        self.cpu_times: dict[int, float] = {}  # rank -> CPU seconds it had used at its latest sample
         self.panels: dict[int, RankPanel] = {rank: self._new_panel(rank) for rank in self.ranks}
-        self.chips: dict[int, w.HTML] = {rank: w.HTML(chip_html(rank, WAITING)) for rank in self.ranks}
+        self.chip_row = w.HTML(self._chips_html(), _dom_classes=("nbaccel-chips",))
         self.title = w.HTML(self._title_html())
         self.clock = w.HTML(_clock_html("starting"), layout=w.Layout(margin="0 0 0 auto"))
         self.banner = w.HTML("", layout=w.Layout(display="none"))
         self.tabs = w.Tab(children=self._tab_children(), titles=self._tab_titles(), selected_index=0 if self.ranks else None)
-        self._chip_row = w.HBox(tuple(self.chips.values()), layout=w.Layout(flex_flow="row wrap"))
-        header = w.HBox([self.title, self._chip_row, self.clock], layout=w.Layout(align_items="center", width="100%"))
+        header = w.HBox([self.title, self.chip_row, self.clock], layout=w.Layout(align_items="center", width="100%"))
         self._style = w.HTML(_STYLE)
         self.root = w.VBox([self._style, header, self.banner, self.tabs], layout=w.Layout(width="100%"), _dom_classes=("nbaccel-launch",))
         self._header = header
+        self._clock_text = "starting"
+        self._banner_text: str | None = None
+
+    def chip(self, rank: int) -> str:
+        """Rank ``rank``'s chip as html (its words: state, resources): in the row and its panel."""
+        return chip_html(rank, self.states[rank], self.resources.get(rank), self.nodes.get(rank))
+
+    def _chips_html(self) -> str:
+        return "<div style='display:flex;flex-flow:row wrap'>" + "".join(self.chip(rank) for rank in self.states) + "</div>"
+
+    @property
+    def labels_pending(self) -> bool:
+        """Whether a state, resource, node, clock or banner change waits for ``flush_labels()``."""
+        return (
+            self._chips_html() != self.chip_row.value
+            or self._tab_titles() != tuple(self.tabs.titles)
+            or _clock_html(self._clock_text) != self.clock.value
+            or self._banner_text is not None
+        )
+
+    def flush_labels(self) -> int:
+        """Send the changed chips, titles, clock and banner; the widget messages that took.
+        (Each panel's own label goes with its ``sync()``.)"""
+        sent = 0
+        chips = self._chips_html()
+        if chips != self.chip_row.value:
+            self.chip_row.value = chips
+            sent += 1
+        titles = self._tab_titles()
+        if titles != tuple(self.tabs.titles):
+            self.tabs.titles = titles
+            sent += 1
+        clock = _clock_html(self._clock_text)
+        if clock != self.clock.value:
+            self.clock.value = clock
+            sent += 1
+        if self._banner_text is not None:
+            sent += self._show_banner(self._banner_text)
+            self._banner_text = None
+        return sent
 
     def panel(self, rank: int) -> RankPanel:
         """Rank ``rank``'s panel; a rank the launch did not announce gets one (a tab, a chip)."""
@@ -84,11 +131,8 @@ class LaunchView:
         selected = self._selected_rank()
         self.states[rank] = WAITING
         self.panels[rank] = self._new_panel(rank)
-        self.chips[rank] = w.HTML(chip_html(rank, WAITING))
         _sort_by_rank(self.states)
         _sort_by_rank(self.panels)
-        _sort_by_rank(self.chips)
-        self._chip_row.children = tuple(self.chips.values())
         with self.tabs.hold_sync():
             self.tabs.children = self._tab_children()
             self.tabs.titles = self._tab_titles()
@@ -101,7 +145,7 @@ class LaunchView:
         return shown[index] if index is not None and 0 <= index < len(shown) else None
 
     def _new_panel(self, rank: int) -> RankPanel:
-        return RankPanel(rank, log_file=self._log_file(rank), **self._panel_options)
+        return RankPanel(rank, log_file=self._log_file(rank), label=self.chip(rank), **self._panel_options)
 
     def _tab_children(self) -> tuple[w.Widget, ...]:
         return tuple(p.widget for p in self.panels.values())
@@ -110,41 +154,41 @@ class LaunchView:
         return tuple(tab_title(r, s, self.nodes.get(r)) for r, s in self.states.items())
 
     def set_node(self, rank: int, node: str) -> None:
-        """Name the node rank ``rank`` runs on in its tab title (launches across nodes)."""
-        self.panel(rank)
+        """Name the node rank ``rank`` runs on in its tab title, chip and panel (launches across nodes)."""
+        panel = self.panel(rank)
         if self.nodes.get(rank) != node:
             self.nodes[rank] = node
-            self.tabs.titles = self._tab_titles()
+            panel.set_label(self.chip(rank))
 
     def set_state(self, rank: int, state: RankState) -> None:
-        """Relabel rank ``rank``'s chip and tab (one message each, only if the words changed)."""
-        self.panel(rank)
-        if self.states[rank] == state:
-            return
-        self.states[rank] = state
-        self.chips[rank].value = chip_html(rank, state, self.resources.get(rank))
-        self.tabs.titles = self._tab_titles()
+        """Relabel rank ``rank``'s chip, tab and panel (sent by ``flush_labels`` and the panel's sync)."""
+        panel = self.panel(rank)
+        if self.states[rank] != state:
+            self.states[rank] = state
+            panel.set_label(self.chip(rank))
 
     def set_resources(self, rank: int, words: str) -> None:
-        """Show what rank ``rank`` uses now (``cpu 97% · 1.5 GiB``) in its chip."""
-        self.panel(rank)
+        """Show what rank ``rank`` uses now (``cpu 97% · 1.5 GiB``) in its chip and panel."""
+        panel = self.panel(rank)
         if self.resources.get(rank) != words:
             self.resources[rank] = words
-            self.chips[rank].value = chip_html(rank, self.states[rank], words)
+            panel.set_label(self.chip(rank))
 
     def set_clock(self, text: str) -> None:
-        value = _clock_html(text)
-        if value != self.clock.value:
-            self.clock.value = value
+        self._clock_text = text
 
     def set_banner(self, text: str) -> None:
         """A line above the tabs that nobody can miss: which rank failed, and why."""
+        self._banner_text = text
+
+    def _show_banner(self, text: str) -> int:
         with self.banner.hold_sync():
             self.banner.value = (
                 "<div style='background:#fce8e6;color:#a50e0e;border:1px solid #f6aea9;border-radius:4px;"
                 f"padding:2px 8px;margin:2px 0'>✗ {html.escape(text)}</div>"
             )
             self.banner.layout.display = None
+        return 2  # the banner's value and its layout's display
 
     def close(self) -> None:
         for panel in self.panels.values():
@@ -191,15 +235,17 @@ def tab_title(rank: int, state: RankState, node: str | None = None) -> str:
     return f"rank {rank} · {node} · {state.short}" if node else f"rank {rank} · {state.short}"
 
 
-def chip_html(rank: int, state: RankState, resources: str | None = None) -> str:
-    """A rounded label: symbol and words first, colour only as a second cue; then what the rank
-    uses (``resources``, sampled by the kernel) in a quieter span."""
+def chip_html(rank: int, state: RankState, resources: str | None = None, node: str | None = None) -> str:
+    """A rounded label: symbol and words first, colour only as a second cue; then where the rank
+    runs (``node``, across nodes) and what it uses (``resources``, sampled by the kernel) in a
+    quieter span. Everything it says is in its text (the tooltip repeats it, adds nothing)."""
     background, colour, border = state.colours
+    where = f" · {html.escape(node)}" if node else ""
     use = f" <span class='nbaccel-resources' style='opacity:0.75'>· {html.escape(resources)}</span>" if resources else ""
     return (
-        f"<span title='rank {rank}: {html.escape(state.long)}' style='display:inline-block;padding:0 8px;margin:1px 2px;"
-        f"border-radius:10px;font-size:12px;line-height:18px;background:{background};color:{colour};border:1px solid {border}'>"
-        f"{state.symbol} rank {rank} · {html.escape(state.long)}{use}</span>"
+        f"<span class='nbaccel-chip' data-rank='{rank}' title='rank {rank}: {html.escape(state.long)}' style='display:inline-block;padding:0 8px;"
+        f"margin:1px 2px;border-radius:10px;font-size:12px;line-height:18px;background:{background};color:{colour};border:1px solid {border}'>"
+        f"{state.symbol} rank {rank}{where} · {html.escape(state.long)}{use}</span>"
     )
 
 

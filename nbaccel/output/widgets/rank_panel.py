@@ -1,15 +1,24 @@
-"""One rank's panel in the widget view: its progress bars, its latest output, its error.
+"""One rank's panel in the widget view: its label, its progress bars, its latest output, its error.
+
+The panel's first line names its rank and state (and what it uses, where it runs): the same
+words as the rank's chip and tab title, in the panel's own content, because VS Code draws no Tab
+titles (ipywidgets #3657) and a panel must say whose it is wherever it is shown.
 
 The panel keeps what it shows as plain Python data (``blocks``, ``bars``) and pushes it to the
 widgets only in ``sync()``, which the sink calls at most about 20 times a second. Every change of
 an ipywidgets ``Output`` resends its whole ``outputs`` list, so the log is a column of small
 ``Output`` blocks of at most ``chunk_lines`` lines: a sync resends only the newest block, and the
 cap drops whole old blocks (their widgets are closed), keeping at least ``max_lines`` lines.
+``sync()`` returns how many widget messages it sent, which a frontend's message budget counts
+(``nbaccel.output.update_policy``).
 
 Example:
-    >>> panel = RankPanel(rank=0, max_lines=100)
+    >>> panel = RankPanel(rank=0, max_lines=100, label="rank 0 · running")
     >>> panel.add_lines("stdout", ["epoch 1", "epoch 2"])
-    >>> panel.sync()
+    >>> panel.sync()  # opens: a block's Output and its layout; updates: the log's children, the header
+    4
+    >>> "rank 0 · running" in panel.header.value
+    True
     >>> panel.blocks[0].outputs
     [{'output_type': 'stream', 'name': 'stdout', 'text': 'epoch 1\\nepoch 2\\n'}]
 """
@@ -56,8 +65,11 @@ class Bar:
 class RankPanel:
     """The panel of rank ``rank``: bars on top, then a notice, then the log (newest at the bottom)."""
 
-    def __init__(self, rank: int, max_lines: int = 500, max_displays: int = 20, chunk_lines: int = CHUNK_LINES, log_file: str | None = None) -> None:
+    def __init__(
+        self, rank: int, max_lines: int = 500, max_displays: int = 20, chunk_lines: int = CHUNK_LINES, log_file: str | None = None, label: str = ""
+    ) -> None:
         self.rank = rank
+        self.label = label  # html: the rank's chip (rank, state, resources), its first line
         self.max_lines = max_lines
         self.max_displays = max_displays
         self.chunk_lines = max(1, min(chunk_lines, max_lines))
@@ -74,11 +86,13 @@ class RankPanel:
         self._bars_changed = False
         self._retired_bars: list[Bar] = []
         self._failure_dirty = False
-        self._bars = w.VBox()
-        self._notice = w.HTML(self._notice_html(), layout=w.Layout(margin="0 0 2px 0"))
+        # The traceback's and the bars' widgets are made when first needed: every widget is a comm
+        # open when the view is shown, and VS Code takes seconds for a few dozen (vscode-jupyter #7965).
+        self._bars: w.VBox | None = None
+        self._error: w.Output | None = None
+        self.header = w.HTML(self._header_html(), layout=w.Layout(margin="0 0 2px 0"), _dom_classes=("nbaccel-rank-header",))
         self._log = w.Box(layout=w.Layout(display="flex", flex_flow="column-reverse", max_height=LOG_HEIGHT, overflow="auto", width="100%"))
-        self._error = w.Output(layout=w.Layout(display="none"))
-        self.widget = w.VBox([self._error, self._bars, self._notice, self._log], _dom_classes=("nbaccel-rank-panel",))
+        self.widget = w.VBox([self.header, self._log], _dom_classes=("nbaccel-rank-panel",))
 
     # -- changes (cheap, Python only) ---------------------------------------------------------
 
@@ -133,6 +147,10 @@ class RankPanel:
         for key in finished[: max(0, len(self.bars) - MAX_BARS)]:
             self._retire_bar(key)  # a loop that leaves a bar per epoch: keep the latest ones
 
+    def set_label(self, label: str) -> None:
+        """The panel's first line (html: the rank's chip); sent at the next ``sync()``."""
+        self.label = label
+
     def set_failure(self, outcome: RankOutcome) -> None:
         """The rank failed: its panel starts with why (the traceback), and unfinished bars turn red."""
         self.failure = outcome
@@ -149,7 +167,8 @@ class RankPanel:
     @property
     def has_changes(self) -> bool:
         return bool(
-            self._bars_changed
+            self._header_html() != self.header.value
+            or self._bars_changed
             or self._failure_dirty
             or self._retired
             or self._retired_bars
@@ -159,11 +178,11 @@ class RankPanel:
 
     # -- pushing to the widgets ------------------------------------------------------------------
 
-    def sync(self) -> None:
-        """Send what changed since the last sync: one message per changed widget."""
-        if self._failure_dirty:
-            self._sync_failure()
-        self._sync_bars()
+    def sync(self) -> int:
+        """Send what changed since the last sync (one message per changed widget); how many
+        widget messages that was (opens and closes included)."""
+        sent = self._sync_failure() if self._failure_dirty else 0
+        sent += self._sync_bars()
         # Widgets of dropped blocks are reused for new ones: a burst of lines then costs one
         # outputs update per visible block instead of opening and closing widgets.
         spare = [b.widget for b in self._retired if b.widget is not None]
@@ -173,17 +192,22 @@ class RankPanel:
                 block.widget, block.dirty = spare.pop(), True
             if block.widget is None:
                 block.widget = w.Output(outputs=_snapshot(block.outputs))
+                sent += tree_size(block.widget)
             elif block.dirty:
                 block.widget.outputs = _snapshot(block.outputs)
+                sent += 1
             block.dirty = False
         if [id(b) for b in self.blocks] != [id(b) for b in self._shown_blocks]:
             self._log.children = tuple(b.widget for b in reversed(self.blocks) if b.widget is not None)
             self._shown_blocks = list(self.blocks)
+            sent += 1
         for widget in spare:
-            close_tree(widget)
-        notice = self._notice_html()
-        if notice != self._notice.value:
-            self._notice.value = notice
+            sent += close_tree(widget)
+        header = self._header_html()
+        if header != self.header.value:
+            self.header.value = header
+            sent += 1
+        return sent
 
     def close(self) -> None:
         """Close every widget of the panel (the kernel forgets them; views disappear)."""
@@ -235,28 +259,47 @@ class RankPanel:
         for block in list(self.blocks):
             self._retire(block)
 
-    def _sync_failure(self) -> None:
+    def _sync_failure(self) -> int:
         self._failure_dirty = False
         outcome = self.failure
         if outcome is None:
-            return
-        self._error.outputs = _snapshot(failure_outputs(outcome))
-        self._error.layout.display = None
+            return 0
+        if self._error is not None:
+            self._error.outputs = _snapshot(failure_outputs(outcome))
+            return 1
+        self._error = w.Output(outputs=_snapshot(failure_outputs(outcome)))
+        self._lay_out()
+        return tree_size(self._error) + 1
 
-    def _sync_bars(self) -> None:
+    def _lay_out(self) -> None:
+        """The panel's column: its label, why it failed, its bars, its log (what exists of them)."""
+        parts = [self.header, self._error, self._bars, self._log]
+        self.widget.children = tuple(part for part in parts if part is not None)
+
+    def _sync_bars(self) -> int:
+        sent = 0
         for bar in self.bars.values():
             if bar.widget is None:
                 bar.widget = _bar_widget()
                 bar.dirty = True
+                sent += tree_size(bar.widget)
             if bar.dirty:
-                _update_bar(bar.widget, bar.state)
+                sent += _update_bar(bar.widget, bar.state)
                 bar.dirty = False
         if self._bars_changed:
-            self._bars.children = tuple(b.widget for b in self.bars.values() if b.widget is not None)
+            children = tuple(b.widget for b in self.bars.values() if b.widget is not None)
+            if self._bars is None:
+                self._bars = w.VBox(children)
+                self._lay_out()
+                sent += 3  # opens: the box and its layout (its bars are counted above); an update: the column
+            else:
+                self._bars.children = children
+                sent += 1
             self._bars_changed = False
         for bar in self._retired_bars:
-            _close_bar(bar)
+            sent += _close_bar(bar)
         self._retired_bars.clear()
+        return sent
 
     def dropped_words(self) -> str:
         """'1,200 earlier lines and 3 earlier displays': what the view no longer holds ('' if none)."""
@@ -266,6 +309,11 @@ class RankPanel:
         if self.dropped_displays:
             dropped.append(f"{self.dropped_displays:,} earlier display{'s' if self.dropped_displays != 1 else ''}")
         return " and ".join(dropped)
+
+    def _header_html(self) -> str:
+        """The rank's label, then what the view no longer shows (or that nothing came yet)."""
+        label = f"<div class='nbaccel-rank-label'>{self.label}</div>" if self.label else ""
+        return label + self._notice_html()
 
     def _notice_html(self) -> str:
         parts = []
@@ -309,24 +357,41 @@ def _clip(line: str) -> str:
     return line[:MAX_LINE_CHARS] + f" … [{len(line) - MAX_LINE_CHARS:,} more characters in the log]"
 
 
-def close_tree(widget: w.Widget) -> None:
+def close_tree(widget: w.Widget) -> int:
     """Close ``widget``, its children and its layout/style models (``close()`` alone leaves
-    those in ipywidgets' registry forever: about 50 models per launch)."""
+    those in ipywidgets' registry forever: about 50 models per launch); how many were closed."""
+    models = _tree(widget)
+    for model in models:
+        model.close()
+    return len(models)
+
+
+def tree_size(widget: w.Widget) -> int:
+    """The widget models ``widget`` stands for (itself, its layout and style, its children's):
+    one comm open each when it is first shown, one close each at the end."""
+    return len(_tree(widget))
+
+
+def _tree(widget: w.Widget) -> list[w.Widget]:
+    found: list[w.Widget] = []
     for name in widget.keys:
         value = getattr(widget, name, None)
         if isinstance(value, w.Widget):
-            close_tree(value)
+            found.extend(_tree(value))
         elif isinstance(value, (tuple, list)):
             for item in value:
                 if isinstance(item, w.Widget):
-                    close_tree(item)
-    widget.close()
+                    found.extend(_tree(item))
+    found.append(widget)
+    return found
 
 
-def _close_bar(bar: Bar) -> None:
+def _close_bar(bar: Bar) -> int:
+    closed = 0
     if bar.widget is not None:
-        close_tree(bar.widget)
+        closed = close_tree(bar.widget)
         bar.widget = None
+    return closed
 
 
 def _bar_widget() -> w.HBox:
@@ -336,15 +401,20 @@ def _bar_widget() -> w.HBox:
     return w.HBox([left, progress, right], layout=w.Layout(width="100%", align_items="center"), _dom_classes=("nbaccel-progress",))
 
 
-def _update_bar(box: w.HBox, state: dict[str, Any]) -> None:
+def _update_bar(box: w.HBox, state: dict[str, Any]) -> int:
+    """Show ``state`` in a bar's widgets; the messages that took (unchanged traits send none)."""
     left, progress, right = box.children
     fraction = rich.progress_fraction(state)
     style = "danger" if state.get("failed") else "success" if state.get("closed") and fraction in (None, 1.0) else ""
+    value, bar_style = 1.0 if fraction is None else fraction, "info" if fraction is None and not style else style
+    sent = int((progress.value, progress.bar_style) != (value, bar_style))
     with progress.hold_sync():
-        progress.value = 1.0 if fraction is None else fraction
-        progress.bar_style = "info" if fraction is None and not style else style
-    left.value = _mono(state.get("left", ""))
-    right.value = _mono(state.get("right", ""))
+        progress.value = value
+        progress.bar_style = bar_style
+    for widget, text in ((left, _mono(state.get("left", ""))), (right, _mono(state.get("right", "")))):
+        sent += int(widget.value != text)
+        widget.value = text
+    return sent
 
 
 def _mono(text: str) -> str:

@@ -1,7 +1,12 @@
 """LiveViewSink: the live view of a launch in a notebook, one tab per rank taking part, the lowest first.
 
 Every sink call only changes Python state (cheap); a rank's widgets are pushed at most every
-``interval`` seconds (20 updates/s by default), every line kept and in order. Pushes happen in
+``interval`` seconds (20 updates/s by default), every line kept and in order. Where the
+frontend's renderer takes fewer messages (VS Code, Colab: ``nbaccel.output.update_policy``), the
+whole view also keeps within ``view_rate`` widget messages a second: state words first, then the
+panel pushed longest ago, each push sending everything that waited in one go. Every push happens
+in a sink call, on the thread that runs the launch (the kernel's main thread: Colab renders no
+widget update sent from another, colabtools #3373). Pushes happen in
 the sink calls themselves when a rank is due; lines held back, and the elapsed-time clock, wait
 for ``tick()``, which the kernel's event loop calls when ``tick_in()`` says (the loop sleeps
 until a pipe has data, so without that tick the last lines before a quiet spell would wait for
@@ -45,7 +50,9 @@ from nbaccel.launch.outcome import RankOutcome, Status
 from nbaccel.output.resource_words import peak_words, resource_words
 from nbaccel.output.status_words import RUNNING, elapsed_words, failure_headline, rank_state
 from nbaccel.output.stragglers import wall_straggler
+from nbaccel.output.update_policy import MessageBudget, UpdatePolicy
 from nbaccel.output.widgets.live_view import LaunchView, ranks_words
+from nbaccel.output.widgets.rank_panel import tree_size as _tree_size
 from nbaccel.output.widgets.static_view import static_bundle
 from nbaccel.wire import rich
 
@@ -101,26 +108,31 @@ class LiveViewSink:
     """Live per-rank widgets, coalesced and capped, replaced by a static view at the end.
 
     Args:
-        max_lines: lines each rank's panel keeps in the browser (older ones stay in the log).
+        max_lines: lines each rank's panel keeps in the browser (older ones stay in the log;
+            default: the policy's).
         max_displays: rich outputs (figures, tables) each panel keeps.
-        interval: least seconds between two pushes of one rank's panel.
+        interval: least seconds between two pushes of one rank's panel (default: the policy's).
         publisher: where the view is displayed (default: IPython's display, into the cell).
         logs: the launch's log files, named in the view (read at each ``launch_started``).
         clock: seconds, monotonic (``time.monotonic``; tests pass a fake one).
+        policy: the frontend's pace (``update_policy.policy_for``; default: JupyterLab's, no
+            view-wide message cap).
     """
 
     def __init__(
         self,
-        max_lines: int = 500,
+        max_lines: int | None = None,
         max_displays: int = 20,
-        interval: float = 0.05,
+        interval: float | None = None,
         publisher: Publisher | None = None,
         logs: LogFiles | None = None,
         clock: Callable[[], float] = time.monotonic,
+        policy: UpdatePolicy | None = None,
     ) -> None:
-        self.max_lines = max_lines
+        self.policy = policy or UpdatePolicy("jupyterlab")
+        self.max_lines = self.policy.max_lines if max_lines is None else max_lines
         self.max_displays = max_displays
-        self.interval = interval
+        self.interval = self.policy.interval if interval is None else interval
         self.publisher = publisher or IPythonPublisher()
         self.logs = logs
         self.clock = clock
@@ -135,6 +147,8 @@ class LiveViewSink:
         self._outcomes: dict[int, RankOutcome] = {}
         self._elapsed: dict[int, float] = {}  # seconds from launch to each rank's end (the saved bundle)
         self._nodes: dict[int, str] = {}  # where each rank runs, across nodes (the saved bundle)
+        self._budget: MessageBudget | None = None  # the view's messages a second, where the frontend caps them
+        self.messages = 0  # widget messages this sink's pushes sent (opens, updates, closes), all launches
 
     # -- the Sink protocol -------------------------------------------------------------------
 
@@ -149,7 +163,10 @@ class LiveViewSink:
         self._outcomes = {}
         self._elapsed = {}
         self._nodes = {}
+        rate = self.policy.view_rate
+        self._budget = MessageBudget(rate, self._started_at) if rate is not None else None
         self.display_id = f"nbaccel-{uuid.uuid4().hex}"
+        self.messages += _tree_size(self.view.root)
         self.publisher.show(self._live_bundle(), self.display_id)
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
@@ -166,6 +183,7 @@ class LiveViewSink:
         if kind == rich.NODE:  # where the rank runs, before it runs: the tab says it
             self._nodes[rank] = f"node {event.get('node')} ({event.get('host')})"
             self.view.set_node(rank, f"node {event.get('node')}")
+            self._push_due(self.clock())
             return
         if kind == rich.CLOCK:  # a node's clock offset, for a profile's merge: nothing to show here
             return
@@ -173,7 +191,10 @@ class LiveViewSink:
             self.view.peaks[rank] = max(self.view.peaks.get(rank, 0), int(event.get("peak_rss") or 0))
             if event.get("peak_gpu_mem") is not None:
                 self.view.gpu_peaks[rank] = max(self.view.gpu_peaks.get(rank, 0), int(event["peak_gpu_mem"]))
+            if event.get("cpu_time") is not None:
+                self.view.cpu_times[rank] = float(event["cpu_time"])
             self.view.set_resources(rank, resource_words(event))
+            self._push_due(self.clock())
             return
         self._mark_running(rank)
         panel = self.view.panel(rank)
@@ -202,7 +223,12 @@ class LiveViewSink:
             self.view.panel(rank).set_failure(outcome)
         if first_failure:
             self.view.set_banner(f"{failure_headline(outcome)} (its traceback is at the top of the rank {rank} tab)")
-        self._push(rank, self.clock())
+        now = self.clock()
+        if self._budget is None:
+            self.messages += self.view.flush_labels()
+            self._push(rank, now)
+        else:
+            self._push_due(now)  # within the budget; the view's end sends the rest
         self._all_finished = self._finished_ranks.issuperset(self.view.ranks)
 
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
@@ -215,9 +241,14 @@ class LiveViewSink:
             return None
         if self._all_finished:
             return 0.0
+        now = self.clock()
         moments = [self._last_clock + CLOCK_PERIOD]
-        moments += [self._last_push.get(r, 0.0) + self.interval for r, p in self.view.panels.items() if p.has_changes]
-        return max(0.0, min(moments) - self.clock())
+        waiting = [self._last_push.get(r, 0.0) + self.interval for r, p in self.view.panels.items() if p.has_changes]
+        if self._budget is None:
+            moments += waiting
+        elif waiting or self.view.labels_pending:
+            moments.append(max(now + self._budget.wait(now), min(waiting, default=now)))
+        return max(0.0, min(moments) - now)
 
     def tick(self) -> None:
         """Push every rank that is due, and the clock; or end the view once every rank taking
@@ -228,24 +259,46 @@ class LiveViewSink:
             self._finish()
             return
         now = self.clock()
-        self._push_due(now)
         if self._last_clock + CLOCK_PERIOD <= now:
             self._last_clock = now
             self.view.set_clock(f"running · {elapsed_words(now - self._started_at)}")
+        self._push_due(now)
 
     # -- pushing -----------------------------------------------------------------------------
 
     def _push_due(self, now: float) -> None:
         assert self.view is not None
+        if self._budget is not None:
+            self._spend(now, self._budget)
+            return
+        self.messages += self.view.flush_labels()
         for rank, panel in list(self.view.panels.items()):
             # The same sum as tick_in's: a tick it calls due is never found early by a rounding.
             if panel.has_changes and self._last_push.get(rank, 0.0) + self.interval <= now:
                 self._push(rank, now)
 
-    def _push(self, rank: int, now: float) -> None:
+    def _spend(self, now: float, budget: MessageBudget) -> None:
+        """Push within the frontend's budget: the labels (states) first, then the due panels,
+        the one pushed longest ago first (rank order among equals), while messages are left."""
+        assert self.view is not None
+        if not budget.ready(now):
+            return
+        if self.view.labels_pending:
+            sent = self.view.flush_labels()
+            budget.spend(sent)
+            self.messages += sent
+        due = [r for r, p in self.view.panels.items() if p.has_changes and self._last_push.get(r, 0.0) + self.interval <= now]
+        for rank in sorted(due, key=lambda r: (self._last_push.get(r, 0.0), r)):
+            if not budget.ready(now):
+                return
+            budget.spend(self._push(rank, now))
+
+    def _push(self, rank: int, now: float) -> int:
         assert self.view is not None
         self._last_push[rank] = now
-        self.view.panel(rank).sync()
+        sent = self.view.panel(rank).sync()
+        self.messages += sent
+        return sent
 
     def _mark_running(self, rank: int) -> None:
         assert self.view is not None
@@ -283,10 +336,12 @@ class LiveViewSink:
             if outcome.rank not in self._finished_ranks and outcome.status is not Status.RUNNING:
                 self._outcomes[outcome.rank] = outcome
                 view.set_state(outcome.rank, rank_state(outcome))
-        for panel in view.panels.values():
-            panel.sync()
+        if self._budget is None:  # a capped frontend is spared pushes the static view replaces at once
+            self.messages += view.flush_labels()
+            for panel in view.panels.values():
+                self.messages += panel.sync()
         for rank, peak in view.peaks.items():  # the saved view keeps each rank's peak, not its last sample
-            view.resources[rank] = peak_words({"peak_rss": peak, "peak_gpu_mem": view.gpu_peaks.get(rank)})
+            view.resources[rank] = peak_words({"peak_rss": peak, "peak_gpu_mem": view.gpu_peaks.get(rank), "cpu_time": view.cpu_times.get(rank)})
         summary = self._summary(self.clock() - self._started_at)
         straggler = wall_straggler(self._elapsed)
         if straggler:
