@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from nbaccel.cluster.cluster import Cluster
     from nbaccel.cluster.failures import NodeRankFailedError
     from nbaccel.errors import CheckpointError, LaunchTimeoutError, NbaccelError, PreflightError, RankFailedError
-    from nbaccel.launcher import notebook_launcher, start_workers
+    from nbaccel.launch.preview import LaunchPreview
+    from nbaccel.launcher import notebook_launcher, plan, start_workers
     from nbaccel.pool import PoolStoppedError, WorkerPool
     from nbaccel.state import (
         AcceleratorState,
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 # `%load_ext nbaccel`) stays cheap and never touches CUDA.
 _EXPORTS = {
     "notebook_launcher": "launcher",
+    "plan": "launcher",
+    "LaunchPreview": "launch.preview",
     "Cluster": "cluster.cluster",
     "start_workers": "launcher",
     "WorkerPool": "pool",
@@ -79,6 +82,7 @@ __all__ = [  # spelled out (not built from _EXPORTS) so static tools see the pub
     "GradientAccumulationPlugin",
     "GradientState",
     "InitProcessGroupKwargs",
+    "LaunchPreview",
     "LaunchTimeoutError",
     "NbaccelError",
     "NodeRankFailedError",
@@ -91,6 +95,7 @@ __all__ = [  # spelled out (not built from _EXPORTS) so static tools see the pub
     "accumulate",
     "load_ipython_extension",
     "notebook_launcher",
+    "plan",
     "prepare_data_loader",
     "start_workers",
     "unload_ipython_extension",

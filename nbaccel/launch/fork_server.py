@@ -57,11 +57,12 @@ class ForkServerError(OSError):
 class ForkServer:
     """A running server: its pid, the kernel's end of the socket, and exit codes relayed so far."""
 
-    def __init__(self, sock: socket.socket, pid: int, how: str, modules: frozenset[str]) -> None:
+    def __init__(self, sock: socket.socket, pid: int, how: str, modules: frozenset[str], kernel_had: frozenset[str] = frozenset()) -> None:
         self.sock = sock
         self.pid = pid
         self.how = how  # "forked" from the kernel, or "exec'd" fresh
         self.modules = modules  # the heavy modules it had from the start (shared with the kernel if forked)
+        self.kernel_had = kernel_had  # every module the kernel had when the server started
         self.exits: dict[int, int] = {}
         self.running: set[int] = set()  # ranks started and not yet ended
         self._gone = False
@@ -152,7 +153,7 @@ def fork_from_kernel() -> ForkServer:
     finally:
         gc.unfreeze()
     server_end.close()
-    return ForkServer(kernel_end, pid, "forked", frozenset(_warm_names()))
+    return ForkServer(kernel_end, pid, "forked", frozenset(_warm_names()), frozenset(sys.modules))
 
 
 def exec_fresh() -> ForkServer:
@@ -172,7 +173,7 @@ def exec_fresh() -> ForkServer:
         )
     finally:
         server_end.close()
-    return ForkServer(kernel_end, pid, "exec'd", frozenset(modules))
+    return ForkServer(kernel_end, pid, "exec'd", frozenset(modules), frozenset(sys.modules))
 
 
 class ServedRankProcess(RankProcess):
@@ -223,6 +224,7 @@ class ServerStarter:
             "commands": ends.commands is not None,
             "shared": ends.shared is not None,
             "modules": _warm_names(),
+            "imports": imported_since(self.server.kernel_had),
             "environ": dict(os.environ),
             "path": list(sys.path),
             "cwd": os.getcwd(),
@@ -233,6 +235,7 @@ class ServerStarter:
         fds += self.jobs.attached.fds
         if self.server is not _server or not self.server.alive():
             self.server = fork_server()  # a pool outlives servers: restarted or forked again since
+            request["imports"] = imported_since(self.server.kernel_had)
         pid, pidfd = self.server.start_rank(request, fds)
         self._started[pid] = (pidfd, self.server)
         return pid
@@ -264,6 +267,29 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def imported_since(kernel_had: frozenset[str]) -> list[str]:
+    """Modules this kernel imported after its server started, in import order, that a rank can
+    import by name: a forked rank would have them (a module next to the notebook, a plugin imported
+    only to register itself), so the server's ranks import them before the function runs.
+
+    Skipped: nbaccel's own (the rank imports what it needs), and modules made at run time, whose
+    spec does not name them (``__main__``, aliases such as ``os.path``, modules without a spec).
+
+    >>> import sys, types
+    >>> sys.modules["made_at_run_time"] = types.ModuleType("made_at_run_time")
+    >>> "made_at_run_time" in imported_since(frozenset())
+    False
+    """
+    names = []
+    for name, module in list(sys.modules.items()):
+        if name in kernel_had or name == "nbaccel" or name.startswith("nbaccel."):
+            continue
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and getattr(spec, "name", None) == name:
+            names.append(name)
+    return names
 
 
 def _warm_names() -> list[str]:

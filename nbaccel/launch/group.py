@@ -20,7 +20,7 @@ import gc
 import os
 import signal
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from nbaccel.launch.pipes import RankPipes, close_child_ends, open_rank_pipes
 from nbaccel.launch.processes import RankProcess
@@ -33,16 +33,39 @@ from nbaccel.wire.rank_env import rank_environment
 
 if TYPE_CHECKING:
     from nbaccel.launch.loop import EventLoop
+    from nbaccel.launch.node_world import NodeWorld
 
 _NO_PIDFD_POLL = 0.02  # only where the OS has no pidfd: how often exits are looked for
 _STORE_ORDER = (-1, 0)  # a rank connecting to the store is served before any rank's output
 
 
+class Rendezvous(Protocol):
+    """Where the ranks' store is: the group's own ``LoopbackRendezvous``, or a ``num_nodes``
+    launch's store (``nbaccel.launch.node_world``), which the launch owns and the group only names."""
+
+    address: str
+    port: int
+
+    @property
+    def listen_fd(self) -> int | None: ...
+
+    @property
+    def store_started(self) -> bool: ...
+
+    @property
+    def child_closes(self) -> tuple[int, ...]: ...
+
+    def start_store(self, world_size: int, timeout: float = 300.0) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class LocalRankGroup:
     """Every rank process of one attempt (or one pool), with the kernel's ends of their pipes."""
 
-    def __init__(self, rendezvous: LoopbackRendezvous, stack_files: StackFiles) -> None:
+    def __init__(self, rendezvous: Rendezvous, stack_files: StackFiles, world: NodeWorld | None = None) -> None:
         self.rendezvous = rendezvous
+        self.world = world  # this node's place in a num_nodes launch; None: the ranks are the whole world
         self.stack_files = stack_files
         self.processes: list[RankProcess] = []
         self.pipes: list[RankPipes] = []
@@ -56,14 +79,16 @@ class LocalRankGroup:
         return len(self.processes)
 
     @classmethod
-    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, persistent: bool) -> LocalRankGroup:
+    def start(cls, starter: RankStarter, job: Job, plan: LaunchPlan, attempt: int, persistent: bool, world: NodeWorld | None = None) -> LocalRankGroup:
         """Start ``plan.num_processes`` ranks running ``job``; on any failure nothing is left behind.
 
         A one-shot group starts its rendezvous store only when a rank first connects to it (most
         short functions never make a process group, and the store costs milliseconds); a
-        persistent one at once, since its ranks join their group before saying READY.
+        persistent one at once, since its ranks join their group before saying READY. With a
+        ``world`` (a ``num_nodes`` launch) the ranks use that launch's store instead.
         """
-        group = cls(LoopbackRendezvous(plan.master_addr, plan.port), StackFiles())
+        rendezvous: Rendezvous = world.rendezvous if world is not None else LoopbackRendezvous(plan.master_addr, plan.port)
+        group = cls(rendezvous, StackFiles(), world)
         group.gpus = tuple(plan.gpus or ()) if plan.device_type != "cpu" else ()
         group.gpu_vendor = plan.gpu_vendor
         # Frozen objects are never scanned by a rank's garbage collector, so the kernel's heap
@@ -72,7 +97,7 @@ class LocalRankGroup:
         try:
             try:
                 for rank in range(plan.num_processes):
-                    env = _environment(plan, group.rendezvous, rank, attempt)
+                    env = _environment(plan, group.rendezvous, rank, attempt, world)
                     env[STACK_FILE_VARIABLE] = group.stack_files.path(rank)
                     group._start_rank(starter, job, rank, env)
                 if persistent:  # after the forks: the ranks are starting while the store comes up
@@ -94,6 +119,7 @@ class LocalRankGroup:
         inherited += [p.shared.sock.fileno() for p in self.pipes if p.shared is not None]
         if self.rendezvous.listen_fd is not None:
             inherited.append(self.rendezvous.listen_fd)
+        inherited += self.rendezvous.child_closes
         try:
             pid = starter.start(job, rank, env, child_ends, inherited)
         finally:
@@ -248,7 +274,26 @@ class LocalRankGroup:
             proc.close()
 
 
-def _environment(plan: LaunchPlan, rendezvous: LoopbackRendezvous, rank: int, attempt: int) -> dict[str, str]:
+def _environment(plan: LaunchPlan, rendezvous: Rendezvous, rank: int, attempt: int, world: NodeWorld | None = None) -> dict[str, str]:
+    if world is not None:  # one node of a num_nodes launch: its ranks' place in the whole world
+        return rank_environment(
+            rank=world.first_rank + rank,
+            world_size=world.world_size,
+            local_rank=rank,
+            local_world_size=plan.num_processes,
+            node_rank=world.node_rank,
+            num_nodes=world.num_nodes,
+            master_addr=rendezvous.address,
+            master_port=rendezvous.port,
+            device_type=plan.device_type,
+            mixed_precision=plan.mixed_precision,
+            restart_count=attempt,
+            max_restarts=plan.max_restarts,
+            run_id=world.run_id,
+            visible_gpus=plan.gpus,
+            gpu_vendor=plan.gpu_vendor or "nvidia",
+            socket_interface=world.socket_interface,
+        )
     return rank_environment(
         rank=rank,
         world_size=plan.num_processes,

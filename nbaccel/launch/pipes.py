@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import fcntl
 import os
 import socket
 from collections.abc import Callable
@@ -142,8 +141,10 @@ def close_child_ends(ends: ChildEnds) -> None:
 
 def _grow_pipe(fd: int, size: int) -> None:
     try:
+        import fcntl  # POSIX only: importing nbaccel works on Windows too (nbaccel.launch.platform)
+
         fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
-    except (OSError, AttributeError):  # not Linux, or over the user's pipe quota: default size
+    except (OSError, AttributeError, ImportError):  # not Linux, or over the user's pipe quota: default size
         pass
 
 

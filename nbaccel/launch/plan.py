@@ -21,9 +21,10 @@ from nbaccel.launch import fork_server
 from nbaccel.launch.fork import ForkStarter
 from nbaccel.launch.notices import say
 from nbaccel.launch.options import LaunchOptions
-from nbaccel.launch.preflight import check_gpus, fork_error, fork_hazards, never_fork
+from nbaccel.launch.preflight import check_gpus, fork_hazards, never_fork
 from nbaccel.launch.seam import LaunchPlan, RankStarter
 from nbaccel.launch.spawn import SpawnStarter
+from nbaccel.launch.start_choice import StartChoice, server_how, server_reason, spawn_reason, start_choice
 from nbaccel.rank.cpu_threads import threads_per_rank
 from nbaccel.wire.sizes import gib
 
@@ -170,35 +171,36 @@ def _busy_words(index: int, occupant: Occupant) -> str | None:
 
 def choose_starter(start_method: str, local_ranks: int | None = None) -> RankStarter:
     """Fork when that is safe; else the fork server, else spawn (saying why, in one line); refuse
-    if fork was asked for and no fork survives.
+    if fork was asked for and no fork survives (the decision: ``launch.start_choice``).
 
     A kernel whose OpenMP pool started cannot give a forked rank a working multi-threaded op: the
     fork server (forked before that compute, or exec'd fresh) is immune; without one, the ranks
     are forked with one CPU thread each (said where they would have had more; ``local_ranks`` is
     how many run here). A kernel with CUDA initialised or a process group never forks.
     """
-    if start_method == "spawn":
+    choice = start_choice(start_method, fork_hazards(), threads_per_rank(local_ranks or 1) > 1)
+    if choice.method == "spawn":
+        if choice.said:
+            say(choice.reason)
         return SpawnStarter()
-    if start_method == "forkserver":
-        return _server_starter(required=True)  # type: ignore[return-value]  # asked for: no fallback
-    hazards = fork_hazards()
-    fatal = never_fork(hazards)
-    if fatal:
-        if start_method == "fork":
-            raise fork_error(fatal)
-        return instead_of_fork(fatal[0])
-    if hazards:  # only the OpenMP pool
-        # Only a server already running: exec'ing one imports torch (seconds); one thread is cheaper.
-        running = fork_server.running_server()
-        starter = _server_starter(required=False) if start_method == "auto" and running is not None and running.alive() else None
-        if starter is not None:
-            say(f"{hazards[0]}; starting the ranks from nbaccel's fork server ({_how(starter)}).")
-            return starter
-        if threads_per_rank(local_ranks or 1) > 1:
-            say(f"{hazards[0]}; so each rank runs with one CPU thread (start_method='spawn' gives them all their cores).")
+    if choice.method == "forkserver":
+        if choice.required:
+            return _server_starter(required=True)  # type: ignore[return-value]  # asked for: no fallback
+        return instead_of_fork(choice.hazards[0]) if never_fork(choice.hazards) else _from_running_server(choice)
+    if choice.said:
+        say(choice.reason)
+    if not choice.hazards:
+        fork_server.refresh()  # while the kernel is safe: a later unsafe launch finds torch in the server
+    return ForkStarter(one_thread=choice.one_thread)
+
+
+def _from_running_server(choice: StartChoice) -> RankStarter:
+    """Only the OpenMP pool started and a server runs: its ranks have every core (one thread each otherwise)."""
+    starter = _server_starter(required=False)
+    if starter is None:
         return ForkStarter(one_thread=True)
-    fork_server.refresh()  # while the kernel is safe: a later unsafe launch finds torch in the server
-    return ForkStarter()
+    say(server_reason(choice.hazards[0], _how(starter)))
+    return starter
 
 
 def instead_of_fork(reason: str) -> RankStarter:
@@ -206,9 +208,9 @@ def instead_of_fork(reason: str) -> RankStarter:
     server (immune: it never touched CUDA), else spawn; said why, in one line."""
     starter = _server_starter(required=False)
     if starter is not None:
-        say(f"{reason}; starting the ranks from nbaccel's fork server ({_how(starter)}).")
+        say(server_reason(reason, _how(starter)))
         return starter
-    say(f"{reason}; starting the ranks with spawn instead of fork (slower).")
+    say(spawn_reason(reason))
     return SpawnStarter()
 
 
@@ -243,5 +245,4 @@ def _server_starter(required: bool) -> RankStarter | None:
 
 def _how(starter: RankStarter) -> str:
     server = getattr(starter, "server", None)
-    how = getattr(server, "how", "")
-    return "forked from this kernel before it became unsafe" if how == "forked" else "a fresh interpreter; its first launch imports torch"
+    return server_how(getattr(server, "how", ""))

@@ -34,6 +34,21 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def address_towards(host: str, port: int) -> str | None:
+    """This machine's address on the route to ``host`` (a UDP connect sends nothing), or None.
+
+    >>> address_towards("127.0.0.1", 29500)
+    '127.0.0.1'
+    """
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+    except OSError:  # no route, or a name that does not resolve
+        return None
+
+
 class LoopbackRendezvous:
     """Reserves a loopback port at once; starts the TCPStore on it when asked."""
 
@@ -42,11 +57,22 @@ class LoopbackRendezvous:
         self._socket: socket.socket | None = _listen(self.address, port or 0)
         self.port: int = self._socket.getsockname()[1]
         self._store: Any = None
+        self._store_fd: int | None = None
 
     @property
     def listen_fd(self) -> int | None:
         """The listening socket's fd while the kernel still holds it (ranks must close it)."""
         return self._socket.fileno() if self._socket is not None else None
+
+    @property
+    def child_closes(self) -> tuple[int, ...]:
+        """The store's listening fd once the store owns it: a rank forked after that closes it."""
+        return () if self._store_fd is None or self._store is None else (self._store_fd,)
+
+    @property
+    def store(self) -> Any:
+        """The TCPStore served here (None before ``start_store``): the kernel's own client of it."""
+        return self._store
 
     def start_store(self, world_size: int, timeout: float = 300.0) -> None:
         """Serve the store on the reserved socket. Ranks that connected earlier wait in its backlog."""
@@ -56,6 +82,7 @@ class LoopbackRendezvous:
             raise EngineStateError("the rendezvous store was started twice, or after the rendezvous closed")
         fd = self._socket.detach()  # the store owns (and closes) the fd from here on
         self._socket = None
+        self._store_fd = fd
         self._store = TCPStore(
             self.address,
             self.port,

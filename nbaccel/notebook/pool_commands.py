@@ -20,9 +20,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbaccel.notebook import cluster_command
-from nbaccel.notebook.magic_options import LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
+from nbaccel.notebook.magic_options import CELL_OPTIONS, LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
 
-COMMANDS = ("start", "stop", "restart", "status", "free", "stacks", "debug", "push", "pull", "save", "load", "cluster")
+PLAN_OPTIONS = (*LAUNCH_OPTIONS, *(o for o in CELL_OPTIONS if o.dest in ("timeout", "max_restarts")))
+
+COMMANDS = ("start", "stop", "restart", "status", "free", "stacks", "debug", "push", "pull", "save", "load", "cluster", "plan")
 
 _DESCRIPTION = """\
 Persistent workers for %%distributed cells: ranks that keep their process group, their GPU memory
@@ -47,6 +49,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed stop
     %distributed restart --wait-for 2                 (a pool across nodes, after one was lost)
     %distributed cluster 10.0.0.1 --via ssh --hosts node1 node2   (agents on several machines)
+    %distributed plan -n 2 --cpu                      (what a launch would do; nothing starts)
 """
 
 
@@ -124,6 +127,10 @@ def parser() -> MagicArgumentParser:
     _add_transfers(commands)
     _add_checkpoints(commands)
     cluster_command.add_parser(commands)
+    plan = commands.add_parser(
+        "plan", help="what a %%distributed launch with these options would do, starting nothing: ranks, devices, start method and why, environment"
+    )
+    add_options(plan, PLAN_OPTIONS)
     return main
 
 

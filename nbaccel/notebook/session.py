@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from nbaccel.launch.notices import say
-from nbaccel.notebook.magic_options import start_options, with_cluster
+from nbaccel.notebook.magic_options import launch_options, start_options, with_cluster
 from nbaccel.notebook.worker_tables import StatusTable, free_table
 
 if TYPE_CHECKING:
@@ -113,6 +113,18 @@ class NotebookWorkers:
                 f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster)."
             )
         self._say_ready(time.monotonic() - started, fresh=True)
+
+    def plan(self, args: argparse.Namespace) -> None:
+        """``%distributed plan``: ``nbaccel.plan()`` of the options, printed (the answer, even with NBACCEL_QUIET=1)."""
+        from nbaccel.errors import PreflightError
+        from nbaccel.launcher import plan
+
+        options, given = launch_options(args, "%distributed plan")
+        kwargs = with_cluster({name: getattr(options, name) for name in given}, args, self.user_ns, "%distributed plan")
+        try:
+            print(plan(**kwargs))
+        except (ValueError, TypeError, PreflightError) as error:
+            raise UsageError(f"%distributed plan: {error}") from None
 
     def cluster(self, args: argparse.Namespace) -> None:
         from nbaccel.notebook.cluster_command import start_cluster

@@ -34,7 +34,7 @@ from nbaccel.launch.notices import say
 from nbaccel.output import frontend
 from nbaccel.output.fallback import TextFallback
 from nbaccel.output.logdir import DEFAULT_KEEP, RankLogSink
-from nbaccel.output.sinks import ClocklessSink, CollectingSink, Sink, TeeSink  # noqa: F401 - CollectingSink is used by the doctest
+from nbaccel.output.sinks import ClocklessSink, CollectingSink, LinePrefix, Sink, TeeSink, TextSink  # noqa: F401 - CollectingSink is used by the doctest
 from nbaccel.output.text import RichTextSink
 from nbaccel.output.update_policy import UpdatePolicy, policy_for
 
@@ -84,7 +84,15 @@ class WidgetSink(TeeSink):
         super().__init__(*([self.logs] if self.logs is not None else []), self.fallback)
 
 
-def make_sink(output: str | Sink | None) -> Sink:
+def make_sink(output: str | Sink | None, prefix: LinePrefix | None = None) -> Sink:
+    """The sink for ``output``; ``prefix`` labels each line of a text view (the widget view keeps its layout)."""
+    sink = _make_sink(output)
+    if prefix is not None and isinstance(sink, TextSink):
+        sink.prefix = prefix
+    return sink
+
+
+def _make_sink(output: str | Sink | None) -> Sink:
     if output is not None and not isinstance(output, str):
         if isinstance(output, Sink):
             return output

@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
 import shutil
@@ -79,7 +78,7 @@ class LaunchLogs:
             path = root / name
             path.mkdir()
             lock_fd = os.open(path / _LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(lock_fd)
         except OSError:
             return None
         return cls(path, lock_fd)
@@ -106,7 +105,7 @@ class LaunchLogs:
         self.attempt = attempt
         try:
             lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(lock_fd)
         except OSError:
             return  # pruned meanwhile, or held: this attempt keeps no log
         self._lock_fd = lock_fd
@@ -210,13 +209,21 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+def _flock(fd: int) -> None:
+    """An exclusive lock held without waiting (OSError if another holds it); POSIX only: fcntl is
+    imported here so that importing nbaccel works on Windows (nbaccel.launch.platform)."""
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def _held(folder: Path) -> bool:
     try:
         fd = os.open(folder / _LOCK_NAME, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _flock(fd)
     except OSError:
         return True
     finally:

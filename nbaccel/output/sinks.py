@@ -20,12 +20,32 @@ Example:
 
 from __future__ import annotations
 
+import string
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbaccel.launch.outcome import RankOutcome
 from nbaccel.launch.seam import Sink as Sink  # an explicit re-export (mypy strict); the protocol the engine calls; every class here implements it
+from nbaccel.wire.rank_env import ROLE_NAME
+
+LinePrefix = Callable[[int], str]  # a rank's index in the launch -> the text before each of its lines
+
+
+def line_prefix(template: str | None = None, first_rank: int = 0) -> LinePrefix:
+    """The prefix of a rank's text lines: ``[rank N]`` and a space, or torch elastic's ``log_line_prefix_template``
+    with ``${role_name}``, ``${rank}`` (global) and ``${local_rank}`` filled in (``safe_substitute``:
+    another ``$name`` stays as written). ``first_rank``: this node's first global rank.
+
+    >>> line_prefix()(1), line_prefix(first_rank=4)(1)
+    ('[rank 1] ', '[rank 5] ')
+    >>> line_prefix("[${role_name}${rank}|${local_rank}]: ", first_rank=2)(1)
+    '[default3|1]: '
+    """
+    if template is None:
+        return lambda rank: f"[rank {first_rank + rank}] "
+    compiled = string.Template(template)
+    return lambda rank: compiled.safe_substitute(role_name=ROLE_NAME, rank=first_rank + rank, local_rank=rank)
 
 
 class TextSink:
@@ -41,6 +61,7 @@ class TextSink:
         self._stdout = stdout
         self._stderr = stderr
         self._written: set[str] = set()  # streams to flush at the end (a flush blocks in a kernel)
+        self.prefix: LinePrefix = line_prefix()  # log_line_prefix_template= replaces it
 
     def _stream(self, name: str) -> Any:
         # Resolved per call: inside a kernel sys.stdout is replaced per cell.
@@ -52,7 +73,7 @@ class TextSink:
         pass
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
-        prefix = f"[rank {rank}] "
+        prefix = self.prefix(rank)
         self._stream(stream).write("".join(f"{prefix}{line}\n" for line in lines))
         self._written.add(stream)
 

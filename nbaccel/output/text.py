@@ -47,6 +47,7 @@ class RichTextSink(TextSink):
         self._started_at = time.monotonic()
         self._elapsed: dict[int, float] = {}  # rank -> seconds from the start to its end
         self._figures: dict[int, dict[str, Any]] = {}  # rank -> peak_rss, peak_gpu_mem, cpu_time sampled
+        self.closing_figures = True  # False: a worker pool's housekeeping (push, pull, status) ends without them
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._bars.clear()
@@ -60,7 +61,7 @@ class RichTextSink(TextSink):
             self._note(outcome.rank, {"peak_rss": outcome.peak_rss})
 
     def launch_finished(self, outcomes: list[RankOutcome]) -> None:
-        lines = [f"nbaccel: rank {rank}: {peak_words(figures)}" for rank, figures in sorted(self._figures.items())]
+        lines = [f"nbaccel: rank {rank}: {peak_words(figures)}" for rank, figures in sorted(self._figures.items())] if self.closing_figures else []
         straggler = wall_straggler(self._elapsed)
         if straggler:
             lines.append(f"nbaccel: {straggler}")

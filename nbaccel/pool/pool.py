@@ -29,6 +29,7 @@ from nbaccel.launch.seam import GroupStarter, LaunchPlan, RankGroup, Sink
 from nbaccel.launch.stacks import RankStack
 from nbaccel.output.choose import make_sink
 from nbaccel.output.sinks import CollectingSink
+from nbaccel.output.text import RichTextSink
 from nbaccel.pool import sharded
 from nbaccel.pool.cuda_fatal import dead_cuda_notice, ranks_with_dead_cuda
 from nbaccel.pool.in_step import CollectiveCount, out_of_step
@@ -324,6 +325,8 @@ class WorkerPool:
         sink = make_sink(output)
         if remember:
             self._last_task = label
+        elif isinstance(sink, RichTextSink):
+            sink.closing_figures = False  # a push, pull or status is housekeeping: the ranks' peaks are not its news
         policy = Task()
         with SinkSession(sink, self.num_processes, 0, ranks=chosen) as session:
             for rank in chosen:  # the workers are up already: their chips say running at once

@@ -114,4 +114,5 @@ def flush_all() -> None:
         _libc.fflush(None)
 
 
-os.register_at_fork(before=prepare)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=prepare)

@@ -209,4 +209,5 @@ def _send(event: dict[str, Any]) -> None:
         print(f"nbaccel: could not forward a display to the kernel ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
-os.register_at_fork(before=prepare)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=prepare)

@@ -209,4 +209,5 @@ def _end_if_hung(done: threading.Event, limit: float, exit_code: int) -> None:
         os._exit(exit_code)
 
 
-os.register_at_fork(before=prepare)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=prepare)

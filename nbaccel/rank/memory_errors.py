@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import os
-import resource
 import sys
 
 from nbaccel.wire.sizes import gib
@@ -30,6 +29,8 @@ def note(exc: BaseException) -> str | None:
     if cuda_oom is not None and isinstance(exc, cuda_oom):
         return f"out of memory on rank {rank}, {_device_words(torch)}"
     if isinstance(exc, MemoryError):
+        import resource  # POSIX only (a rank runs on Linux); importing nbaccel works anywhere
+
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         limit = f" of its address-space limit {gib(soft)} (RLIMIT_AS)" if soft != resource.RLIM_INFINITY else ""

@@ -169,4 +169,5 @@ def _silence_get_ipython(ipython_module: Any) -> None:
         function.__code__ = _no_shell.__code__
 
 
-os.register_at_fork(before=prepare)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=prepare)

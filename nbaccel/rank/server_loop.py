@@ -12,8 +12,8 @@ ranks with it (theirs is set on the server).
 Messages are pickled dicts on a socketpair private to the kernel and its own child (like the
 event pipes: nothing here came from a network):
 
-- kernel to server ``{"op": "start", "rank", "env", "commands", "shared", "modules", "environ",
-  "path", "cwd"}`` + fds ``[stdout, stderr, channel, job, (commands), (shared), memfds of the job...]``;
+- kernel to server ``{"op": "start", "rank", "env", "commands", "shared", "modules", "imports",
+  "environ", "path", "cwd"}`` + fds ``[stdout, stderr, channel, job, (commands), (shared), memfds of the job...]``;
 - server to kernel ``{"op": "started", "pid"}`` + ``[pidfd]``, or ``{"op": "failed", "error"}``;
 - server to kernel ``{"op": "exit", "pid", "code"}`` when a rank ended.
 
@@ -155,6 +155,7 @@ class _Server:
             os.close(job_fd)
             mine = [self.sock.fileno(), self.selector.fileno(), *self.children]
             _take_kernel_context(message)
+            _import_by_name(message.get("imports", ()))
         except BaseException:  # noqa: BLE001 - never return into the server's loop
             os._exit(_EXIT_PARENT_GONE)
         run_rank(job, message["rank"], message["env"], ChildEnds(stdout, stderr, channel, commands, shared), mine, server_pid)
@@ -190,6 +191,19 @@ def _take_kernel_context(message: dict[str, Any]) -> None:
         os.chdir(message["cwd"])
     except OSError:  # the folder was removed meanwhile: stay where the server is
         pass
+
+
+def _import_by_name(names: Any) -> None:
+    """In a rank: what the kernel imported since the server started (``imports``), by name, in the
+    kernel's order, so the rank sees the kernel's modules as a forked one would. Imported here, in
+    the rank, never in the server: a module may have touched CUDA on import, and the server must
+    stay fork-safe. One that fails here is left out (the function meets the error if it needs it)."""
+    for name in names:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - an import that raises anything (SystemExit too) must not stop the rank
+                continue
 
 
 def _warm(modules: Any) -> None:

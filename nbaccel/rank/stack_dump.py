@@ -81,4 +81,5 @@ def prepare() -> None:
 _OUTERMOST_AT_FORK: bytes = b""  # set in the forking process right before each fork
 
 
-os.register_at_fork(before=prepare)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=prepare)

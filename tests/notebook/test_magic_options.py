@@ -76,7 +76,8 @@ def test_each_help_describes_every_option_once() -> None:
         "--rank",
         "-o",
         *cluster,
-    ]  # start's, restart's, debug's, push's, pull's, cluster's
+        *(o.flags[0] for o in pool_commands.PLAN_OPTIONS),
+    ]  # start's, restart's, debug's, push's, pull's, cluster's, plan's
 
 
 def test_stall_report_takes_seconds_or_off() -> None:

@@ -80,3 +80,26 @@ def test_a_real_launch_in_text_mode_ends_with_each_ranks_peak_and_cpu_time(capsy
     (peak0, cpu0), (peak1, cpu1) = (_figures(line) for line in closing)
     assert cpu0 >= 0.9 and cpu1 < 0.5 * cpu0  # the busy rank's CPU time, at its last sample (a second or more before its end)
     assert peak1 - peak0 >= 250  # MiB: the 300 MiB rank 1 held
+
+
+def sleep_then_hold(seconds: float) -> None:
+    """A worker task: long enough to be sampled once or more (about once a second)."""
+    time.sleep(seconds)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_pools_cells_end_with_figures_and_its_housekeeping_without(capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell on the workers is a launch to the person watching; a push, a pull or a status is not."""
+    from nbaccel import start_workers
+
+    with start_workers(2, cpu=True) as pool:
+        capsys.readouterr()
+        pool.run(sleep_then_hold, 1.6, output="text")
+        cell = [line for line in capsys.readouterr().out.splitlines() if line.startswith("nbaccel: rank ")]
+        pool.push(x=1)
+        pool.status()
+        pool.pull("x")
+        housekeeping = capsys.readouterr().out
+    assert [line.split(":")[1] for line in cell] == [" rank 0", " rank 1"], cell
+    assert "nbaccel: rank" not in housekeeping, housekeeping
