@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from nbaccel.agent.node import EXIT_REFUSED, NodeAgent
+from nbaccel.agent.ray_actor import die_with_parent
 from nbaccel.net.link import split_address
 from nbaccel.net.signing import TOKEN_ENV, parse_token, read_token
 from nbaccel.rank import process_title
@@ -36,6 +37,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc-per-node", type=int, default=None, help="ranks on this node (default: one per visible GPU, else 1)")
     parser.add_argument("--order", type=int, default=None, help="this node's place in the node ranks (Slurm's SLURM_NODEID wins); set by start_agents")
     parser.add_argument("--started-by", default="", help="how this agent was started (shown in cluster.nodes); set by start_agents")
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)  # die with it: a Ray actor's agent
     return parser.parse_args(argv)
 
 
@@ -64,6 +66,8 @@ def _restart_without_token(secret: bytes, argv: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     arguments = parse_arguments(given)
+    if arguments.parent_pid is not None:
+        die_with_parent(arguments.parent_pid)
     try:
         split_address(arguments.address)
         secret = _secret(arguments)

@@ -57,6 +57,24 @@ def _close_every_cluster() -> None:
         cluster.close()
 
 
+def node_range(nodes: int | str) -> tuple[int, int]:
+    """``nodes`` as (least, most): an int N is (N, N); "MIN:MAX" as torch elastic's ``--nnodes``.
+
+    Example:
+        >>> node_range(2), node_range("2:4"), node_range("3")
+        ((2, 2), (2, 4), (3, 3))
+    """
+    text = str(nodes)
+    least, colon, most = text.partition(":")
+    try:
+        low, high = int(least), int(most if colon else least)
+    except ValueError:
+        low, high = 0, -1
+    if isinstance(nodes, bool) or low < 1 or high < low:
+        raise ValueError(f"nodes={nodes!r}: give a node count (2) or a range MIN:MAX with 1 <= MIN <= MAX ('2:4').")
+    return low, high
+
+
 def _listen(host: str, port: int) -> socket.socket:
     try:
         unspecified = ipaddress.ip_address(host).is_unspecified
@@ -135,17 +153,25 @@ class Cluster:
         time: str | None = None,
         partition: str | None = None,
         sbatch_options: Sequence[str] | str = (),
+        cpus_per_node: float | None = None,
+        strategy: str | None = None,
+        ray_address: str | None = None,
     ) -> list[AgentStart]:
-        """Start the agents from here: ``via="ssh"`` (``hosts``), ``"slurm"`` or a command template.
+        """Start the agents from here: ``via="ssh"`` (``hosts``), ``"slurm"``, ``"ray"`` or a command template.
+
+        ``via="ray"`` (the kernel a Ray driver: ``ray.init(address="auto")``, or ``ray_address=``):
+        a placement group of ``nodes`` bundles of ``gpus_per_node`` GPUs and ``cpus_per_node`` CPUs
+        (``strategy="STRICT_SPREAD"``: one per Ray node; ``"PACK"`` too), one agent actor in each.
 
         ``agent``: the agent's path on the nodes (default: the kernel's environment's
         ``nbaccel-agent``, right for a shared filesystem). Then ``wait(nodes=N)``: it fails at
         once, with the starting command's exit code and output, when a starting command ends before its agent
-        joined. ``close()`` ends what was started (a submitted Slurm job is cancelled).
-        See docs/multinode.md for the three ways.
+        joined. ``close()`` ends what was started (a submitted Slurm job is cancelled, Ray's actors
+        and placement group removed). See docs/multinode.md for each way.
         """
-        slurm = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
-        slurm = {name: value for name, value in slurm.items() if value is not None and value != ()}
+        slurm: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "time_limit": time, "partition": partition, "sbatch_options": sbatch_options}
+        slurm |= {"cpus_per_node": cpus_per_node, "strategy": strategy, "ray_address": ray_address}  # via="ray"
+        slurm = {name: value for name, value in slurm.items() if value is not None and value not in ((), [])}
         if self._closed:
             raise RuntimeError(f"the cluster at {self.address} is closed; make a new one")
         started = start_with(
@@ -168,27 +194,42 @@ class Cluster:
         with self._changed:
             return [n for n in self.nodes if n.alive]
 
-    def wait(self, nodes: int = 2, timeout: float = 120.0) -> list[NodeInfo]:
+    def wait(self, nodes: int | str = 2, timeout: float = 120.0, settle: float = 0.0) -> list[NodeInfo]:
         """Block until ``nodes`` agents are joined, alive and their clocks measured (a few ms after
-        the join: ``NodeInfo.clock``); TimeoutError naming what is missing."""
+        the join: ``NodeInfo.clock``); TimeoutError naming what is missing.
+
+        ``nodes="MIN:MAX"`` (torch elastic's range): returns once MIN joined within ``timeout``,
+        after waiting up to ``settle`` seconds more for up to MAX (at once when MAX joined).
+        Launches and pools run on the nodes joined then; ``pool.restart()`` takes those joined since.
+        """
+        least, most = node_range(nodes)
         deadline = time.monotonic() + timeout
         said: dict[int, str] = {}
         with self._changed:
-            while len([n for n in self.nodes if n.alive and n.clock.count >= clock.JOIN_SAMPLES]) < nodes:
+            while self._ready_count() < least:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
-                    joined = len([n for n in self.nodes if n.alive])
-                    refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
-                    waiting = "".join(f"; {p}" for p in said.values())
-                    unmeasured = [n.name for n in self.nodes if n.alive and n.clock.count < clock.JOIN_SAMPLES]
-                    if unmeasured:  # joined, but silent to the clock probes: an agent that does not answer them
-                        waiting += f"; node(s) {', '.join(unmeasured)} joined but did not answer the clock probes"
-                    raise TimeoutError(
-                        f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
-                    )
+                    raise TimeoutError(self._missing(nodes if isinstance(nodes, int) else least, timeout, said))
                 check_starts(self.starts, [(n.started_by, n.joined_at) for n in self.nodes], said)
                 self._changed.wait(min(left, 0.1 if self.starts else 0.5))
+            settled = time.monotonic() + settle
+            while self._ready_count() < most and not self._closed and (left := settled - time.monotonic()) > 0:
+                self._changed.wait(min(left, 0.5))
             return [n for n in self.nodes if n.alive]
+
+    def _ready_count(self) -> int:
+        return len([n for n in self.nodes if n.alive and n.clock.count >= clock.JOIN_SAMPLES])
+
+    def _missing(self, nodes: int, timeout: float, said: dict[int, str]) -> str:
+        joined = len([n for n in self.nodes if n.alive])
+        refused = f"; refused: {'; '.join(self.refused[-3:])}" if self.refused else ""
+        waiting = "".join(f"; {p}" for p in said.values())
+        unmeasured = [n.name for n in self.nodes if n.alive and n.clock.count < clock.JOIN_SAMPLES]
+        if unmeasured:  # joined, but silent to the clock probes: an agent that does not answer them
+            waiting += f"; node(s) {', '.join(unmeasured)} joined but did not answer the clock probes"
+        return (
+            f"{joined} of {nodes} nodes joined the cluster at {self.address} within {timeout:g} s{refused}{waiting}. Run `{self.agent_command()}` on each node."
+        )
 
     def close(self) -> None:
         """Tell every agent to stop its ranks and exit; release the port and the token file."""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbaccel.cluster.cluster import Cluster
+from nbaccel.cluster.cluster import Cluster, NodeInfo
 from nbaccel.cluster.failures import naming_nodes
 from nbaccel.cluster.group import ClusterGroupStarter, ClusterRankGroup
 from nbaccel.cluster.plan import cluster_plan
@@ -62,18 +62,28 @@ class ClusterWorkers(WorkerPool):
             raise naming_nodes(error, self.group_starter) from None  # type: ignore[arg-type]
         return self
 
-    def restart(self, wait_for: int | None = None, timeout: float = 120.0) -> ClusterWorkers:
+    def restart(self, wait_for: int | str | None = None, timeout: float = 120.0, settle: float = 0.0) -> ClusterWorkers:
         """Fresh workers on the nodes joined now, or once ``wait_for`` nodes are (a replacement agent).
 
-        Every worker still running (a lost node's survivors included) is stopped first.
+        ``wait_for="MIN:MAX"`` with ``settle=S``: as ``cluster.wait``. Every worker still running (a
+        lost node's survivors included) is stopped first; nodes that joined since the last start are
+        taken, lost ones dropped, and which is said.
         """
+        before = self._node_names()
         self.stop()
         if wait_for is not None:
-            self.cluster.wait(nodes=wait_for, timeout=timeout)
+            self.cluster.wait(nodes=wait_for, timeout=timeout, settle=settle)
         # The same options on the nodes there now: rank counts follow the live nodes.
         self.plan = cluster_plan(self.cluster, self.options, time.monotonic())
         self._seed = None
+        say_membership(before, self.cluster.live_nodes)
         return self.start()
+
+    def _node_names(self) -> dict[str, str]:
+        """The nodes the workers ran on: name -> words."""
+        starter = self.group_starter
+        group = starter.last_group if isinstance(starter, ClusterGroupStarter) else None
+        return {slot.node.name: slot.node.describe() for slot in group.slots} if group is not None else {}
 
     @property
     def lost(self) -> list[str]:
@@ -143,6 +153,15 @@ class ClusterWorkers(WorkerPool):
         state = "running" if self.alive else "stopped"
         state += f", {len(self.lost)} node(s) lost: restart()" if self.alive and self.lost else ""
         return f"<ClusterWorkers {self.num_processes} ranks on the cluster at {self.cluster.address}, {state}>"
+
+
+def say_membership(before: dict[str, str], now: Sequence[NodeInfo]) -> None:
+    """Say which nodes a restart takes that were not there, and which it drops (lost)."""
+    joined = [n.describe() for n in now if n.name not in before]
+    dropped = [words for name, words in before.items() if name not in {n.name for n in now}]
+    if joined or dropped:
+        parts = ([f"node(s) {', '.join(joined)} joined since"] if joined else []) + ([f"node(s) {', '.join(dropped)} lost, dropped"] if dropped else [])
+        say(f"restarting the workers on {len(now)} node(s): {'; '.join(parts)}")
 
 
 def start_cluster_workers(cluster: Cluster, options: LaunchOptions, start_timeout: float = 120.0) -> ClusterWorkers:

@@ -24,18 +24,21 @@ from nbaccel.notebook.magic_options import positive_int, variable_name
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The ``cluster`` subcommand of ``%distributed``, its options declared here once."""
-    parser = commands.add_parser("cluster", help="make an nbaccel.Cluster on ADDRESS, start its agents (ssh, Slurm, a command template) and wait for them")
+    parser = commands.add_parser("cluster", help="make an nbaccel.Cluster on ADDRESS, start its agents (ssh, Slurm, Ray, a command template) and wait for them")
     parser.add_argument("address", metavar="ADDRESS", help="this machine's address on the nodes' network, HOST[:PORT]")
     parser.add_argument(
-        "--via", default="ssh", help="ssh, slurm, or a command template with an {agent} word, e.g. 'kubectl exec -i {host} -- {agent}' (default: ssh)"
+        "--via", default="ssh", help="ssh, slurm, ray, or a command template with an {agent} word, e.g. 'kubectl exec -i {host} -- {agent}' (default: ssh)"
     )
     parser.add_argument("--hosts", nargs="+", metavar="HOST", help="ssh or template: one agent per host, node ranks in this order")
     parser.add_argument("--nproc-per-node", type=positive_int, metavar="N", help="ranks per node (default: one per GPU there, else 1)")
     parser.add_argument("--agent", metavar="PATH", help="nbaccel-agent on the nodes (default: this kernel's environment's, for a shared filesystem)")
     parser.add_argument("--ssh-config", metavar="FILE", help="ssh: the config file (ssh -F)")
     parser.add_argument("--ssh-option", action="append", default=[], metavar="OPT", help="ssh: one more option word, e.g. --ssh-option=-p --ssh-option=2222")
-    parser.add_argument("--nodes", type=positive_int, metavar="N", help="slurm: nodes of the job (inside an allocation: default all of them)")
-    parser.add_argument("--gpus-per-node", type=positive_int, metavar="G", help="slurm, submitting: GPUs per node")
+    parser.add_argument("--nodes", type=positive_int, metavar="N", help="slurm: nodes of the job (inside an allocation: default all of them); ray: bundles")
+    parser.add_argument("--gpus-per-node", type=positive_int, metavar="G", help="slurm, submitting: GPUs per node; ray: GPUs per bundle")
+    parser.add_argument("--cpus-per-node", type=positive_int, metavar="C", help="ray: CPUs per bundle (default: 1)")
+    parser.add_argument("--strategy", metavar="S", help="ray: the placement group's strategy (default: STRICT_SPREAD, one bundle per Ray node)")
+    parser.add_argument("--ray-address", metavar="HOST:PORT", help="ray: the Ray cluster, when this kernel is not attached yet (default: auto)")
     parser.add_argument("--time", metavar="LIMIT", help="slurm, submitting: the job's time limit, e.g. 04:00:00")
     parser.add_argument("--partition", metavar="NAME", help="slurm, submitting: the partition")
     parser.add_argument(
@@ -61,9 +64,10 @@ def start_cluster(args: argparse.Namespace, user_ns: dict[str, Any]) -> Any:
         starts = cluster.start_agents(
             args.via, args.hosts, agent=args.agent, nproc_per_node=args.nproc_per_node, ssh_options=args.ssh_option, ssh_config=args.ssh_config,
             nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition, sbatch_options=args.sbatch_option,
+            cpus_per_node=args.cpus_per_node, strategy=args.strategy, ray_address=args.ray_address,
         )  # fmt: skip
         cluster.wait(nodes=sum(start.expected for start in starts), timeout=args.wait_timeout)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, ImportError) as error:  # ImportError: via="ray" without Ray here
         cluster.close()
         raise UsageError(f"%distributed cluster: {error}") from None
     except (AgentStartError, TimeoutError, KeyboardInterrupt, OSError, RuntimeError):

@@ -37,6 +37,16 @@ def positive_int(text: str) -> int:
     return _whole_number_at_least(text, 1)
 
 
+def node_count(text: str) -> int | str:
+    """A node count (``2``) or a range (``2:4``), as ``cluster.wait(nodes=...)`` takes it."""
+    if ":" not in text:
+        return positive_int(text)
+    low, _, high = text.partition(":")
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+        raise argparse.ArgumentTypeError(f"expected a node count N or a range MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+    return text
+
+
 def non_negative_int(text: str) -> int:
     return _whole_number_at_least(text, 0)
 

@@ -20,7 +20,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from nbaccel.notebook import cluster_command
-from nbaccel.notebook.magic_options import CELL_OPTIONS, LAUNCH_OPTIONS, add_options, non_negative_int, positive_int, unsplittable, variable_name
+from nbaccel.notebook.magic_options import (
+    CELL_OPTIONS,
+    LAUNCH_OPTIONS,
+    add_options,
+    node_count,
+    non_negative_int,
+    seconds,
+    unsplittable,
+    variable_name,
+)
 
 PLAN_OPTIONS = (*LAUNCH_OPTIONS, *(o for o in CELL_OPTIONS if o.dest in ("timeout", "max_restarts")))
 
@@ -48,6 +57,7 @@ namespace, so a variable a cell defines is there in the next cell. Without worke
     %distributed debug --rank 1
     %distributed stop
     %distributed restart --wait-for 2                 (a pool across nodes, after one was lost)
+    %distributed restart --wait-for 2:4 --settle 30   (2 nodes, and up to 4 that join within 30 s)
     %distributed cluster 10.0.0.1 --via ssh --hosts node1 node2   (agents on several machines)
     %distributed plan -n 2 --cpu                      (what a launch would do; nothing starts)
 """
@@ -114,8 +124,12 @@ def parser() -> MagicArgumentParser:
     commands.add_parser("stop", help="stop the workers: every rank leaves its process group and exits")
     restart = commands.add_parser("restart", help="fresh workers with empty namespaces and the same options (after a crash, or a lost node)")
     restart.add_argument(
-        "--wait-for", type=positive_int, metavar="N", help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start"
+        "--wait-for",
+        type=node_count,
+        metavar="N",
+        help="a pool across nodes: wait until N nodes are joined (a replacement agent), then start; MIN:MAX waits --settle S more for up to MAX",
     )
+    restart.add_argument("--settle", type=seconds, default=0.0, metavar="S", help="with --wait-for MIN:MAX: seconds to wait for more than MIN nodes")
     status = commands.add_parser(
         "status", help="per rank: pid, device, idle or ended, CPU use, memory in use and its peak (GPU: allocated, reserved, device), last cell"
     )

@@ -107,7 +107,7 @@ class NotebookWorkers:
         if wait_for is None:
             self.pool.restart()
         elif hasattr(self.pool, "cluster"):  # a pool across nodes: come back once N nodes are there
-            self.pool.restart(wait_for=wait_for)  # type: ignore[call-arg]
+            self.pool.restart(wait_for=wait_for, settle=getattr(args, "settle", 0.0))  # type: ignore[call-arg]
         else:
             raise UsageError(
                 f"%distributed restart --wait-for {wait_for}: these workers run on this machine only; --wait-for is for a pool across nodes (--cluster)."

@@ -98,7 +98,7 @@ def test_the_token_goes_to_a_private_folder_in_the_home_by_default(monkeypatch: 
     ("via", "options", "message"),
     [
         ("ssh", {}, r"via='ssh' starts one agent per host: give hosts="),
-        ("kubectl exec -i {host} --", {"hosts": ["pod"]}, r"neither 'ssh', 'slurm' nor a command template with an \{agent\} word"),
+        ("kubectl exec -i {host} --", {"hosts": ["pod"]}, r"neither 'ssh', 'slurm', 'ray' nor a command template with an \{agent\} word"),
         ("slurm", {"hosts": ["a"]}, r"give nodes=N, not hosts"),
     ],
 )

@@ -59,6 +59,9 @@ def test_each_help_describes_every_option_once() -> None:
         "--ssh-option",
         "--nodes",
         "--gpus-per-node",
+        "--cpus-per-node",
+        "--strategy",
+        "--ray-address",
         "--time",
         "--partition",
         "--sbatch-option",
@@ -69,6 +72,7 @@ def test_each_help_describes_every_option_once() -> None:
     assert option_lines(workers_help) == [
         *(o.flags[0] for o in LAUNCH_OPTIONS),
         "--wait-for",
+        "--settle",
         "--watch",
         "--rank",
         "--shard",
@@ -78,6 +82,15 @@ def test_each_help_describes_every_option_once() -> None:
         *cluster,
         *(o.flags[0] for o in pool_commands.PLAN_OPTIONS),
     ]  # start's, restart's, debug's, push's, pull's, cluster's, plan's
+
+
+def test_wait_for_takes_a_node_count_or_a_range() -> None:
+    from nbaccel.notebook.magic_options import node_count
+
+    assert node_count("2") == 2 and node_count("2:4") == "2:4"
+    for wrong in ("0", "4:2", "2:", "a:b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            node_count(wrong)
 
 
 def test_stall_report_takes_seconds_or_off() -> None:

@@ -308,3 +308,24 @@ def test_status_is_an_html_table_and_its_watch_is_read_again_after_every_cell(ip
     count = len(published)
     cell(ip, "2 + 2")
     assert len(published) == count  # no more updates
+
+
+def test_restart_wait_for_a_node_range_reaches_a_pool_across_nodes(ip: InteractiveShell, pool: FakePool) -> None:
+    seen: dict[str, object] = {}
+    pool.cluster = object()  # type: ignore[attr-defined]  # what marks a pool across nodes
+    pool.restart = lambda wait_for=None, settle=0.0: seen.update(wait_for=wait_for, settle=settle)  # type: ignore[method-assign, assignment]
+    ip.run_line_magic("distributed", "restart --wait-for 2:4 --settle 5")
+    assert seen == {"wait_for": "2:4", "settle": 5.0}
+    with pytest.raises(UsageError, match="MIN:MAX with 1 <= MIN <= MAX, got '4:2'"):
+        ip.run_line_magic("distributed", "restart --wait-for 4:2")
+
+
+def test_cluster_via_ray_without_a_ray_cluster_leaves_nothing(ip: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # Ray not installed here
+    with pytest.raises(
+        UsageError, match=r'^%distributed cluster: via="ray" needs Ray in the kernel\'s environment, which has none: pip install "nbaccel\[ray\]"'
+    ):
+        ip.run_line_magic("distributed", "cluster 127.0.0.1 --via ray --nodes 2 --cpus-per-node 1 --strategy PACK")
+    assert "cluster" not in ip.user_ns
+    with pytest.raises(UsageError, match=r"^%distributed cluster: strategy='NOWHERE': one of STRICT_SPREAD"):
+        ip.run_line_magic("distributed", "cluster 127.0.0.1 --via ray --nodes 2 --strategy NOWHERE")

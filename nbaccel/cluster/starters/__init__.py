@@ -2,7 +2,7 @@
 
 Layering: ``base`` (the handle a cluster watches, and the agent's command line) <- ``template``
 (any command that forwards stdin to a program on a node) <- ``ssh``; ``slurm`` (srun in an
-allocation, or a submitted job) beside them. This module only picks one by ``via``.
+allocation, or a submitted job) and ``ray`` (a placement group of agent actors) beside them. This module only picks one by ``via``.
 
 Example::
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nbaccel.cluster.starters.base import AgentStart
+from nbaccel.cluster.starters.base import AgentStart, secret_line
 from nbaccel.cluster.starters.slurm import start_by_slurm
 from nbaccel.cluster.starters.ssh import start_by_ssh
 from nbaccel.cluster.starters.template import AGENT_WORD, start_by_template
@@ -56,6 +56,30 @@ def _need_hosts(via: str, hosts: Sequence[str] | None) -> list[str]:
     return list(hosts)
 
 
+_RAY_OPTIONS = {"nodes", "gpus_per_node", "cpus_per_node", "strategy", "ray_address"}
+
+
+def _start_by_ray(
+    address: str,
+    token_file: str,
+    hosts: Sequence[str] | None,
+    agent: str | list[str] | None,
+    nproc_per_node: int | None,
+    first_order: int,
+    given: dict[str, Any],
+) -> AgentStart:
+    from nbaccel.cluster.starters.ray import start_by_ray  # Ray is imported only when asked for
+
+    if hosts or agent is not None:
+        raise ValueError("via='ray' places agents in a placement group on the Ray cluster's nodes: give nodes=N, not hosts or agent.")
+    unknown = set(given) - _RAY_OPTIONS
+    if unknown:
+        raise TypeError(f"via='ray' takes nodes, gpus_per_node, cpus_per_node, strategy and ray_address, not {', '.join(sorted(unknown))}")
+    if "nodes" not in given:
+        raise ValueError("via='ray' starts one agent per bundle: say how many nodes (nodes=2).")
+    return start_by_ray(address, secret_line(token_file), nproc_per_node=nproc_per_node, first_order=first_order, **given)
+
+
 def start_with(
     via: str | Sequence[str],
     address: str,
@@ -69,10 +93,12 @@ def start_with(
     first_order: int = 0,
     **slurm: Any,
 ) -> list[AgentStart]:
-    """The starts for ``via``: "ssh", "slurm", or a command template with an ``{agent}`` word.
+    """The starts for ``via``: "ssh", "slurm", "ray", or a command template with an ``{agent}`` word.
 
     ``first_order``: how many agents the cluster started before; hosts' node ranks come after them.
     """
+    if via == "ray":
+        return [_start_by_ray(address, token_file, hosts, agent, nproc_per_node, first_order, slurm)]
     if via == "ssh":
         return list(
             start_by_ssh(
@@ -90,6 +116,8 @@ def start_with(
         if hosts:
             raise ValueError("via='slurm' places agents on the job's nodes: give nodes=N, not hosts.")
         unknown = set(slurm) - {"nodes", "gpus_per_node", "time_limit", "partition", "sbatch_options"}
+        if unknown & _RAY_OPTIONS:
+            raise TypeError(f"{', '.join(sorted(unknown & _RAY_OPTIONS))}: Ray's options, not Slurm's (via='ray').")
         if unknown:
             raise TypeError(f"via='slurm' takes nodes, gpus_per_node, time, partition and sbatch_options, not {', '.join(sorted(unknown))}")
         return [start_by_slurm(address, token_file, agent=agent, nproc_per_node=nproc_per_node, **slurm)]
@@ -97,7 +125,7 @@ def start_with(
         raise TypeError(f"via={via!r}: ssh and Slurm options do not apply to a command template; put them in the template.")
     if isinstance(via, str) and AGENT_WORD not in via:
         raise ValueError(
-            f"via={via!r} is neither 'ssh', 'slurm' nor a command template with an {AGENT_WORD} word (e.g. 'kubectl exec -i {{host}} -- {{agent}}')."
+            f"via={via!r} is neither 'ssh', 'slurm', 'ray' nor a command template with an {AGENT_WORD} word (e.g. 'kubectl exec -i {{host}} -- {{agent}}')."
         )
     how = (via.split() if isinstance(via, str) else list(via))[0]
     return list(
