@@ -8,6 +8,7 @@ ports. What wider-scoped fixtures hold (a module's kernel) was there before, so 
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,10 +27,48 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "orphans: the test kills a parent on purpose; its ended orphans are reaped, not counted")
     # Orphaned descendants (ranks of a killed kernel) become our children: seen by the leak check, and reaped.
     config.stash[_SUBREAPER] = become_subreaper()
+    config.stash[_SIGINT_AT_START] = deliver_sigint()
     _open_process_singletons()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SIGINT_AT_START in config.stash:
+        restore_sigint(config.stash[_SIGINT_AT_START])
+
+
 _SUBREAPER = pytest.StashKey[bool]()
+SigintHandling = tuple[object, bool]  # (the handler, whether the main thread blocks SIGINT)
+_SIGINT_AT_START = pytest.StashKey[SigintHandling]()
+
+
+def sigint_handling() -> SigintHandling:
+    """This thread's SIGINT handler and whether its signal mask blocks SIGINT."""
+    return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+
+def deliver_sigint() -> SigintHandling:
+    """Make SIGINT raise KeyboardInterrupt here, whatever this process started with; return what it had.
+
+    The tests that interrupt a launch send a real SIGINT, as Jupyter's stop button does to a
+    kernel (which always installs Python's handler). A process started with SIGINT ignored (a
+    shell's ``&``, ``nohup``, CI runners that start jobs in the background) never gets Python's
+    ``default_int_handler``: those tests then waited for an interrupt that never came, unless an
+    earlier test had happened to install the handler (nbclient's asyncio loop does, on its way
+    out). Every process the tests start inherits a handled SIGINT as SIG_DFL across exec, so
+    their Python installs the handler too.
+    """
+    was = sigint_handling()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return was
+
+
+def restore_sigint(was: SigintHandling) -> None:
+    handler, blocked = was
+    if handler is not None:  # None: a handler C code installed, which Python cannot put back
+        signal.signal(signal.SIGINT, handler)  # type: ignore[arg-type]  # getsignal's: a callable, SIG_IGN or SIG_DFL
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def _open_process_singletons() -> None:
@@ -47,6 +86,18 @@ def _open_process_singletons() -> None:
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         del store
     ensure_event_loop()
+
+
+@pytest.fixture(autouse=True)
+def sigint_kept() -> Iterator[None]:
+    """Fail a test that leaves SIGINT's handler or the main thread's mask changed: the tests after
+    it would depend on it (an interrupt lost, or raised where none was sent)."""
+    before = sigint_handling()
+    yield
+    after = sigint_handling()
+    if after != before:
+        restore_sigint(before)
+        pytest.fail(f"test left SIGINT's handling changed: (handler, blocked) {before!r} became {after!r}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

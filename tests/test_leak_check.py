@@ -133,11 +133,26 @@ def test_the_autouse_check_fails_a_leaking_test_and_passes_a_clean_one(tmp_path:
         def test_leaks_a_pipe():
             os.pipe()
 
+        ORPHAN = "import os, time\\nparent = os.getpid()\\npid = os.fork()\\nif pid == 0:\\n    while os.getppid() == parent:\\n        time.sleep(0.01)\\n    os._exit(0)\\nprint(pid, flush=True)"
+
         @pytest.mark.orphans
         def test_kills_a_parent_on_purpose():
-            parent = subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork() == 0:\\n    time.sleep(0.3)\\n    os._exit(0)"])
+            parent = subprocess.Popen([sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True)
+            orphan = int(parent.stdout.readline())  # it ends once its parent is gone
             parent.wait()
-            time.sleep(0.6)  # the orphan ended: a zombie of ours, reaped, not counted
+            parent.stdout.close()
+            deadline = time.monotonic() + 30
+            while not ended(orphan):
+                assert time.monotonic() < deadline, "the orphan did not end"
+                time.sleep(0.01)
+            # the orphan ended: a zombie of ours, reaped, not counted
+
+        def ended(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
     """)
     )
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

@@ -64,8 +64,8 @@ class ResourceSampler:
         and for a rank on a GPU ``gpu_mem`` (bytes; None when NVML cannot tell), ``peak_gpu_mem``
         and ``gpu_util`` (percent, None when NVML does not say).
 
-        A process that has ended is skipped (its peak stays), a zombie too: an exited rank not
-        yet reaped reads as 0 resident bytes, which is not a sample.
+        A process that has ended is skipped (its peak stays), a zombie and an exiting one too: an
+        exited rank not yet reaped reads as 0 resident bytes, which is not a sample.
         """
         self._next = now + self.period
         samples = {}
@@ -109,6 +109,8 @@ class ResourceSampler:
 
     def _watch_cgroup(self, rank: int, pid: int) -> None:
         cgroup = memory_cgroup(pid)
+        if _cpu_ticks(pid) < 0:  # it began to exit meanwhile: its cgroup may read as the root's
+            return
         self._cgroups[rank] = cgroup
         if cgroup is not None and cgroup not in self._oom_before:
             self._oom_before[cgroup] = oom_kills(cgroup)
@@ -148,8 +150,11 @@ def _rss(pid: int) -> int | None:
         return None
 
 
+_PF_EXITING = 0x4  # the kernel's task flag (/proc/<pid>/stat field 9): the process is exiting
+
+
 def _cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` in clock ticks; -1 when it cannot be read or the process has exited."""
+    """utime + stime of ``pid`` in clock ticks; -1 when it cannot be read or the process exits or has exited."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
@@ -159,6 +164,10 @@ def _cpu_ticks(pid: int) -> int:
     if fields[:1] in ([b"Z"], [b"X"]):  # exited, not yet reaped: its memory is gone and its times are final
         return -1
     try:
+        if int(fields[6]) & _PF_EXITING:
+            # Exiting (an OOM kill's victim freeing its memory): it reads 0 resident bytes, and
+            # under cgroup v1 it already shows the root cgroup, which would hide the OOM kill.
+            return -1
         return int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):
         return -1

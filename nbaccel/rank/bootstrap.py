@@ -38,6 +38,7 @@ _EXIT_RAISED = 1
 _HOLD_FOR_STACKS = 2.0
 _PR_SET_PDEATHSIG = 1
 _DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD", "SIGUSR1", "SIGUSR2") if hasattr(signal, name))
+_SIGNALS_NBACCEL_SENDS = {signal.SIGINT.value, signal.SIGTERM.value, stack_dump.STACK_SIGNAL.value}  # ints: _signal takes no enums
 # Resolved in the kernel, once: a lookup in every rank would cost it a dlsym and dirty pages.
 _prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
 
@@ -116,6 +117,10 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
     for number in _DEFAULT_SIGNALS:
         if _signal.getsignal(number) != _signal.SIG_DFL:
             _signal.signal(number, _signal.SIG_DFL)
+    # A signal mask survives fork and exec: a kernel or agent started with these blocked (or
+    # forking while it holds SIGINT back) would give ranks that nbaccel's interrupt, stop and
+    # stack request never reach.
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _SIGNALS_NBACCEL_SENDS)
     for fd in close_fds:
         try:
             os.close(fd)

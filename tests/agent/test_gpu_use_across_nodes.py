@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ from nbaccel import Cluster, notebook_launcher
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import stop_agents
 from tests.devices.fakes import build_fake_nvml
+from tests.handshake import MarkWhen
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,10 +59,11 @@ def agents_on_fake_gpus(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
 def hold_and_say_my_pid(use_path: str) -> int:
     """Each rank writes its line for the fake NVML (its local GPU, its pid, rank + 1 GiB); rank 0 joins them."""
     import os
-    import time
     from pathlib import Path
 
     import torch.distributed as dist
+
+    from tests.handshake import wait_for
 
     dist.init_process_group("gloo")
     rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
@@ -70,17 +72,22 @@ def hold_and_say_my_pid(use_path: str) -> int:
     if rank == 0:
         Path(use_path + ".new").write_text("".join(Path(f"{use_path}.{r}").read_text() for r in range(dist.get_world_size())))
         os.replace(use_path + ".new", use_path)
-    time.sleep(2.5)  # two samples on each agent
+    wait_for(use_path + ".seen")  # its agent sampled every rank with the file in place
     dist.barrier()
     return rank
 
 
 def test_each_agent_sends_its_ranks_gpu_memory_and_utilisation_to_the_kernel(agents_on_fake_gpus: tuple[Cluster, Path]) -> None:
     cluster, use = agents_on_fake_gpus
-    sink = CollectingSink()
+    sink = MarkWhen(str(use) + ".seen", all_sampled_on_a_gpu(4))
     assert notebook_launcher(hold_and_say_my_pid, args=(str(use),), cluster=cluster, cpu=True, output=sink) == [0, 1, 2, 3]
     for rank in range(4):
         listed = [e for e in sink.events.get(rank, []) if e["type"] == "resources" and e.get("gpu_mem")]
         assert listed, (rank, sink.events.get(rank))
         assert listed[-1]["gpu_mem"] == (rank + 1) * 2**30 and listed[-1]["peak_gpu_mem"] == (rank + 1) * 2**30
         assert listed[-1]["gpu_util"] == 50 + rank % 2  # its agent's cuda:<local rank>
+
+
+def all_sampled_on_a_gpu(ranks: int) -> Callable[[CollectingSink], bool]:
+    """Every rank has a sample that lists its GPU memory: the sampler read the fake NVML's file."""
+    return lambda sink: all(any(e["type"] == "resources" and e.get("gpu_mem") for e in sink.events.get(r, [])) for r in range(ranks))

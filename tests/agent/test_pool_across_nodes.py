@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from nbaccel import Cluster, NodeRankFailedError, PoolStoppedError, notebook_launcher, start_workers
 from nbaccel.testing import CollectingSink, scaled
-from tests.agent.harness import descendants, interrupt_main_thread, wait_until
+from tests.agent.harness import descendants, wait_until
+from tests.handshake import InterruptOnceAllSay
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -54,20 +54,16 @@ def test_a_pool_across_nodes_keeps_its_group_and_namespaces(two_nodes: Cluster) 
 def _nap() -> None:
     import time
 
+    print("napping", flush=True)
     time.sleep(30)
 
 
 def test_an_interrupted_task_leaves_the_pool_alive(two_nodes: Cluster) -> None:
     with start_workers(cluster=two_nodes) as pool:
-        timer = threading.Timer(1.0, interrupt_main_thread)
-        timer.start()
-        started = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                pool.run(_nap, output=CollectingSink())
-        finally:
-            timer.cancel()
-        assert time.monotonic() - started < 1.0 + scaled(5.0)
+        sink = InterruptOnceAllSay("napping", ranks=4)
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(_nap, output=sink)
+        assert sink.sent_at is not None and time.monotonic() - sink.sent_at < scaled(5.0)
         assert pool.run(lambda: "after", output=CollectingSink()) == ["after"] * 4
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
+import threading
 
 import psutil
 import pytest
@@ -21,6 +21,7 @@ from nbaccel.net.signing import new_secret, read_token, seal
 from nbaccel.testing import CollectingSink
 from tests.agent.harness import CreatesFile, agent_argv, descendants, poison, stop_agents, wait_until
 from tests.agent.proxy import Proxy
+from tests.handshake import mark, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,9 +65,11 @@ def _poison_the_store(path: str) -> int:
 def test_poison_written_into_the_rendezvous_store_is_never_unpickled(two_nodes: Cluster, tmp_path) -> None:
     target = tmp_path / "executed"
     assert notebook_launcher(_poison_the_store, (str(target),), cluster=two_nodes, output=CollectingSink()) == [0, 1, 2, 3]
-    time.sleep(0.3)
     assert not target.exists()
+    # The next launch goes over the same ordered links: by its end each agent and the kernel
+    # have finished with the poisoned launch, whatever they still did after its results came.
     assert notebook_launcher(lambda: 2, cluster=two_nodes, output=CollectingSink()) == [2] * 4
+    assert not target.exists()
 
 
 def _returns_poison(path: str, ran: str) -> CreatesFile:
@@ -79,6 +82,9 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
     in_kernel, ran = tmp_path / "unpickled-in-kernel", tmp_path / "ran"
     with Cluster("127.0.0.1:0") as cluster, Proxy(cluster.address) as proxy:
         agent = subprocess.Popen(agent_argv(proxy.address, cluster.token_file, 1), stderr=subprocess.PIPE, text=True)
+        said: list[str] = []  # the agent's log, read as it comes
+        reader = threading.Thread(target=lambda: said.extend(agent.stderr or []), name="agent-stderr")
+        reader.start()
         try:
             cluster.wait(nodes=1, timeout=60)
             values = notebook_launcher(_returns_poison, (str(in_kernel), str(ran)), cluster=cluster, output=CollectingSink())
@@ -94,7 +100,8 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
             proxy.inject_to_agent(seal(read_token(cluster.token_file), {**header, "seq": 10**6}, body)[:-1] + b"\0")  # bad MAC
             link = cluster.nodes[0].link
             assert link is not None and wait_until(lambda: link.refused >= len(results), 3.0)  # refused as replays
-            time.sleep(0.5)
+            # The agent logs each frame it drops: the last two injected were the forged ones.
+            assert wait_until(lambda: "".join(said).count("bad signature") == 2, 10.0), said
             assert not in_kernel.exists()
             assert ran.read_text() == "ran\n" and not descendants(agent.pid)
             assert notebook_launcher(lambda: 3, cluster=cluster, output=CollectingSink()) == [3]
@@ -102,7 +109,8 @@ def test_replayed_messages_are_refused_both_ways(tmp_path) -> None:
         finally:
             cluster.close()
             stop_agents([agent])
-            stderr = agent.stderr.read() if agent.stderr else ""
+            reader.join(10)
+            stderr = "".join(said)
             if agent.stderr:
                 agent.stderr.close()
     assert "replayed" in stderr and stderr.count("bad signature") == 2  # the agent logged what it dropped
@@ -116,7 +124,7 @@ def _split(frame: bytes) -> tuple[dict, bytes]:
     return json.loads(frame[16 : 16 + header_len]), frame[16 + header_len : 16 + header_len + payload_len]
 
 
-def test_during_a_launch_every_listening_socket_is_on_the_clusters_address(two_nodes: Cluster) -> None:
+def test_during_a_launch_every_listening_socket_is_on_the_clusters_address(two_nodes: Cluster, tmp_path) -> None:
     agents = [a.pid for a in two_nodes.agents]  # type: ignore[attr-defined]
     seen: list[tuple[str, int]] = []
 
@@ -130,26 +138,25 @@ def test_during_a_launch_every_listening_socket_is_on_the_clusters_address(two_n
                 pass
         return found
 
-    def look() -> int:
-        import time
-
+    def look(folder: str) -> int:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
         dist.barrier()
-        time.sleep(0.8)  # the test looks now, with the store and gloo's sockets open
+        mark(os.path.join(folder, f"open{dist.get_rank()}"))  # the store and gloo's sockets are open
+        wait_for(os.path.join(folder, "looked"))  # the test looks now
         return 0
 
-    import threading
-
     def watch() -> None:
-        wait_until(lambda: sum(len(descendants(a)) for a in agents) == 4, 10)
-        time.sleep(0.5)
-        seen.extend(listening_now())
+        try:
+            wait_for(*(tmp_path / f"open{rank}" for rank in range(4)))
+            seen.extend(listening_now())
+        finally:
+            mark(tmp_path / "looked")
 
     thread = threading.Thread(target=watch)
     thread.start()
-    notebook_launcher(look, cluster=two_nodes, output=CollectingSink())
+    notebook_launcher(look, (str(tmp_path),), cluster=two_nodes, output=CollectingSink())
     thread.join()
     assert len(seen) >= 2  # the cluster and the launch's store at least
     assert {ip for ip, _ in seen} == {"127.0.0.1"}, seen

@@ -24,6 +24,7 @@ from nbaccel.launch import debug_desk
 from nbaccel.launch.starters import fork_server
 from nbaccel.output.sinks import TextSink
 from nbaccel.testing import CollectingSink, scaled
+from tests.handshake import mark, wait_for, wait_until_blocked
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -166,34 +167,38 @@ def test_pdb_must_be_a_bool() -> None:
 
 
 class NeverAnswers:
-    """A prompt nobody answers: waits in short steps, as ipykernel's stdin does (so it can be withdrawn)."""
+    """A prompt nobody answers: waits in short steps, as ipykernel's stdin does (so it can be withdrawn).
+    Once asked, and once the prompting rank (its pid in ``asking``) waits for the answer, it
+    creates ``prompted``: the other ranks see that the rank is at its prompt."""
 
-    def __init__(self) -> None:
+    def __init__(self, asking: str, prompted: str) -> None:
         self.prompts: list[str] = []
+        self.asking, self.prompted = asking, prompted
 
     def __call__(self, prompt: str) -> str:
         self.prompts.append(prompt)
+        wait_until_blocked(self.asking)  # it sent the prompt: next, it blocks reading the answer
+        mark(self.prompted)
         while True:
             time.sleep(0.01)
 
 
-def fail_on_rank_zero_once_rank_one_prompts(marker: str) -> None:
+def fail_on_rank_zero_once_rank_one_prompts(asking: str, prompted: str) -> None:
     if os.environ["RANK"] == "1":
-        open(marker, "w").close()
+        mark(asking)
         breakpoint()
         return
-    while not os.path.exists(marker):
-        time.sleep(0.01)
-    time.sleep(0.3)  # rank 1 is at its prompt by now
+    wait_for(prompted)  # rank 1 waits at its prompt
     raise RuntimeError("rank 0 gives up")
 
 
 def test_a_peers_failure_while_a_rank_is_at_the_prompt_ends_the_launch_and_withdraws_it(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]) -> None:
-    never = NeverAnswers()
+    asking, prompted = os.path.join(tmp_path, "asking"), os.path.join(tmp_path, "prompted")
+    never = NeverAnswers(asking, prompted)
     monkeypatch.setattr(debug_desk, "kernel_stdin", lambda: never)
     started = time.monotonic()
     with pytest.raises(nbaccel.RankFailedError, match="rank 0 failed: RuntimeError: rank 0 gives up") as caught:
-        nbaccel.notebook_launcher(fail_on_rank_zero_once_rank_one_prompts, (os.path.join(tmp_path, "m"),), num_processes=2, output=CollectingSink())
+        nbaccel.notebook_launcher(fail_on_rank_zero_once_rank_one_prompts, (asking, prompted), num_processes=2, output=CollectingSink())
     assert len(never.prompts) == 1
     assert "rank 1: at its debugger prompt" in str(caught.value)
     assert time.monotonic() - started < scaled(10)

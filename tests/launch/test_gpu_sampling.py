@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from nbaccel.launch.group import LocalRankGroup
 from nbaccel.launch.sampler import ResourceSampler
 from nbaccel.testing import CollectingSink
 from tests.devices.fakes import build_fake_nvml, write_use
+from tests.handshake import MarkWhen
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,9 +98,10 @@ def test_cpu_ranks_and_a_machine_without_nvml_ask_nothing(fake_library: Path, tm
 def hold_and_say_my_pid(use_path: str) -> int:
     """A rank that writes its own line into the fake NVML's file (as the driver would list it) and waits."""
     import os
-    import time
 
     import torch.distributed as dist
+
+    from tests.handshake import wait_for
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -110,7 +112,7 @@ def hold_and_say_my_pid(use_path: str) -> int:
         with open(use_path + ".new", "w") as whole:
             whole.write("".join(Path(f"{use_path}.{r}").read_text() for r in range(2)))
         os.replace(use_path + ".new", use_path)
-    time.sleep(2.5)  # two samples, at 1 s and 2 s
+    wait_for(use_path + ".seen")  # the kernel sampled every rank with the file in place
     dist.barrier()
     return rank
 
@@ -119,7 +121,7 @@ def hold_and_say_my_pid(use_path: str) -> int:
 def test_a_real_launch_samples_its_ranks_gpu_use_through_the_loop(use_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # gloo ranks on the CPU, given the device map a CUDA plan gives (rank r on cuda:r)
     monkeypatch.setattr(LocalRankGroup, "local_gpus", lambda self: {rank: rank for rank in range(self.num_processes)})
-    sink = CollectingSink()
+    sink = MarkWhen(str(use_file) + ".seen", all_sampled_on_a_gpu(2))
     assert nbaccel.notebook_launcher(hold_and_say_my_pid, args=(str(use_file),), num_processes=2, cpu=True, output=sink) == [0, 1]
     for rank in (0, 1):
         listed = [e for e in sink.events[rank] if e["type"] == "resources" and e.get("gpu_mem")]
@@ -163,3 +165,8 @@ def test_distributed_status_of_workers_shows_what_nvml_lists_for_each_worker(use
     table = status_table(statuses).splitlines()
     assert "gpu use (held/peak/busy)" in table[0]
     assert "3.0 GiB / 3.0 GiB / 71%" in table[1] and "512 MiB / 512 MiB / 4%" in table[2]
+
+
+def all_sampled_on_a_gpu(ranks: int) -> Callable[[CollectingSink], bool]:
+    """Every rank has a sample that lists its GPU memory: the sampler read the fake NVML's file."""
+    return lambda sink: all(any(e["type"] == "resources" and e.get("gpu_mem") for e in sink.events.get(r, [])) for r in range(ranks))

@@ -17,6 +17,7 @@ import pytest
 import nbaccel
 import nbaccel.launch.plan as plan_module
 from nbaccel.testing import CollectingSink
+from tests.handshake import mark, wait_until_blocked
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,22 +126,23 @@ def test_text_output_is_prefixed_with_the_rank(capfd: pytest.CaptureFixture[str]
     assert all(line.startswith("[rank ") for line in out.splitlines())
 
 
-def fail_on_rank_one_while_rank_zero_waits_in_a_collective() -> None:
+def fail_on_rank_one_while_rank_zero_waits_in_a_collective(marker: str) -> None:
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     if dist.get_rank() == 1:
         print("rank 1 about to fail")
-        time.sleep(0.3)  # rank 0 is blocked in all_reduce by now
+        wait_until_blocked(marker)  # rank 0 is blocked in all_reduce
         raise ValueError("boom")
+    mark(marker)
     dist.all_reduce(torch.zeros(1))  # never completes: rank 1 never joins
     dist.all_reduce(torch.zeros(1))
 
 
-def test_failure_names_the_raising_rank_and_stops_the_blocked_peer_fast() -> None:
+def test_failure_names_the_raising_rank_and_stops_the_blocked_peer_fast(tmp_path) -> None:
     with pytest.raises(nbaccel.RankFailedError) as caught:
-        nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_waits_in_a_collective, num_processes=2)
+        nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_waits_in_a_collective, (str(tmp_path / "in-all-reduce"),), num_processes=2)
     stopped_at = time.time()
     error = caught.value
     assert str(error).splitlines()[0] == "rank 1 failed: ValueError: boom"
@@ -318,9 +320,11 @@ def test_spawn_carries_closures_defined_anywhere_by_value() -> None:
 
 
 @pytest.mark.slow
-def test_spawn_failures_are_reported_like_fork_failures() -> None:
+def test_spawn_failures_are_reported_like_fork_failures(tmp_path) -> None:
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: boom"):
-        nbaccel.notebook_launcher(fail_on_rank_one_while_rank_zero_waits_in_a_collective, num_processes=2, start_method="spawn")
+        nbaccel.notebook_launcher(
+            fail_on_rank_one_while_rank_zero_waits_in_a_collective, (str(tmp_path / "in-all-reduce"),), num_processes=2, start_method="spawn"
+        )
 
 
 @pytest.mark.slow

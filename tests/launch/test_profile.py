@@ -16,6 +16,7 @@ import pytest
 
 import nbaccel
 from nbaccel.testing import CollectingSink, scaled
+from tests.handshake import mark, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,22 +92,25 @@ def test_profile_true_writes_into_the_launch_log_folder_and_says_where(
     assert f"merged trace in {merged[0]}" in capsys.readouterr().out
 
 
-def stopped_after_a_peer_fails() -> None:
+def stopped_after_a_peer_fails(stepped: str) -> None:
     import time
 
     import torch
 
     if os.environ["RANK"] == "1":
-        time.sleep(0.5)
+        wait_for(stepped)  # rank 0 has an op in its trace
         raise RuntimeError("rank 1 gives up")
     while True:  # rank 0 computes until the kernel stops it (SIGTERM); a few ops a step keep the trace small
         torch.ones(50, 50).sum()
+        if not os.path.exists(stepped):
+            mark(stepped)
         time.sleep(0.01)
 
 
-def test_a_rank_stopped_after_a_peers_failure_still_writes_its_trace(tmp_path: Path) -> None:
+def test_a_rank_stopped_after_a_peers_failure_still_writes_its_trace(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    stepped = str(tmp_path_factory.mktemp("markers") / "stepped")  # not in the trace folder, whose files are checked
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 gives up"):
-        nbaccel.notebook_launcher(stopped_after_a_peer_fails, num_processes=2, output="text", profile=str(tmp_path))
+        nbaccel.notebook_launcher(stopped_after_a_peer_fails, (stepped,), num_processes=2, output="text", profile=str(tmp_path))
     assert {p.name for p in tmp_path.iterdir()} == {"rank0.json", "rank1.json", "trace.json"}
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert any(e.get("name") == "aten::sum" and e["pid"] == 0 for e in trace["traceEvents"])

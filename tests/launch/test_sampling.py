@@ -1,6 +1,6 @@
 """The loop samples each rank's CPU and memory once a second: events to the sink, peaks in outcomes, no thread.
 
-Imports internals (launch.sampler): one test drives the sampler itself on a process that is a zombie.
+Imports internals (launch.sampler): two tests drive the sampler itself, on a zombie and on a process the OOM killer ends.
 """
 
 from __future__ import annotations
@@ -60,3 +60,29 @@ def test_a_rank_that_exited_and_is_not_yet_reaped_is_not_sampled_as_zero_bytes()
         assert sampler.sample(1.0) == {}
     finally:
         os.waitpid(pid, 0)
+
+
+def test_a_rank_sampled_while_the_oom_killer_ends_it_keeps_its_cgroup(memory_cgroup) -> None:
+    """Under cgroup v1 an exiting process already shows the root cgroup: a sample then must not
+    replace the rank's own, or its OOM kill reads as a plain SIGKILL (a loaded CI run saw it)."""
+    import os
+
+    from nbaccel.launch.sampler import ResourceSampler
+
+    pid = os.fork()
+    if pid == 0:  # grows until the OOM killer takes it
+        try:
+            (memory_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            chunks = []
+            while True:
+                chunks.append(bytearray(b"x" * (10 * 2**20)))
+        finally:
+            os._exit(1)
+    sampler = ResourceSampler({0: pid}, now=0.0)
+    now = 0.0
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # through its whole exit
+        now += 1.0
+        sampler.sample(now)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+    assert (sampler.out_of_memory(0) or "").startswith("killed by the out-of-memory killer (peak "), sampler._cgroups

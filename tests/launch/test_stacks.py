@@ -16,6 +16,7 @@ import pytest
 import nbaccel
 from nbaccel.launch.stacks import summarise, without_launch_frames
 from nbaccel.testing import CollectingSink
+from tests.handshake import mark, wait_until_blocked
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -151,24 +152,25 @@ def test_idle_workers_say_they_wait_for_a_cell() -> None:
             assert all(s.startswith(f"rank {r}: ") for r, s in enumerate(summaries))
 
 
-def raise_on_rank_one_while_rank_zero_waits_in_all_reduce() -> None:
+def raise_on_rank_one_while_rank_zero_waits_in_all_reduce(marker: str) -> None:
     import torch
     import torch.distributed as dist
 
     state = nbaccel.PartialState()
     dist.barrier()  # both ranks are in the group
     if state.process_index == 1:
-        time.sleep(0.5)  # rank 0 has reached all_reduce (on a loaded machine too), where it blocks
+        wait_until_blocked(marker)  # rank 0 has reached all_reduce, where it blocks
         raise ValueError("boom")
+    mark(marker)
     dist.all_reduce(torch.ones(1))
 
 
 @pytest.mark.parametrize("attempt", range(4))
-def test_a_peer_blocked_in_a_collective_is_always_reported_where_it_was(attempt: int) -> None:
+def test_a_peer_blocked_in_a_collective_is_always_reported_where_it_was(attempt: int, tmp_path) -> None:
     """The failing rank is held at its error until its peers' stacks are taken, so rank 0 does not
     die first of rank 1's closed connection (which left only "rank 0: stopped")."""
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: boom") as caught:
-        nbaccel.notebook_launcher(raise_on_rank_one_while_rank_zero_waits_in_all_reduce, num_processes=2)
+        nbaccel.notebook_launcher(raise_on_rank_one_while_rank_zero_waits_in_all_reduce, (str(tmp_path / "in-all-reduce"),), num_processes=2)
     assert f"Where the other ranks were when they were stopped:\n  rank 0: in `dist.all_reduce` at {__file__}" in str(caught.value)
     assert psutil.Process().children() == []
 

@@ -17,6 +17,7 @@ import pytest
 import nbaccel
 import nbaccel.pool.policies as policies
 from nbaccel import PoolStoppedError, start_workers
+from tests.handshake import InterruptOnceAllSay
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -109,22 +110,18 @@ def test_a_raising_rank_fails_the_call_but_keeps_the_pool(pool) -> None:
     assert pool.run(all_reduce_rank) == [3.0, 3.0]
 
 
-def _interrupt_after(delay: float) -> None:
-    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
-
-
 def sleep_long() -> None:
+    print("sleeping", flush=True)
     time.sleep(30)
 
 
 def test_interrupt_stops_the_cell_on_every_rank_and_keeps_workers_and_namespaces(pool) -> None:
     pool.run_task(Remember())
     pids = [s.pid for s in pool.status()]
-    _interrupt_after(0.5)
-    started = time.monotonic()
+    sink = InterruptOnceAllSay("sleeping")
     with pytest.raises(KeyboardInterrupt):
-        pool.run(sleep_long)
-    assert time.monotonic() - started < 3
+        pool.run(sleep_long, output=sink)
+    assert sink.sent_at is not None and time.monotonic() - sink.sent_at < 2.5
     assert [s.pid for s in pool.status()] == pids
     assert pool.run_task(Remember()) == [0, 1]
     assert pool.run(all_reduce_rank) == [3.0, 3.0]
@@ -132,15 +129,15 @@ def test_interrupt_stops_the_cell_on_every_rank_and_keeps_workers_and_namespaces
 
 def ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stand-in for a rank stuck in native code
+    print("ignoring SIGINT", flush=True)
     time.sleep(30)
 
 
 @pytest.mark.slow
 def test_a_rank_that_does_not_stop_tears_the_pool_down_and_says_so(pool, monkeypatch, capsys) -> None:
     monkeypatch.setattr(policies, "INTERRUPT_GRACE", 1.0)
-    _interrupt_after(0.3)
     with pytest.raises(KeyboardInterrupt, match=r"rank\(s\) 0, 1 did not stop within 1 s"):
-        pool.run(ignore_interrupts)
+        pool.run(ignore_interrupts, output=InterruptOnceAllSay("ignoring SIGINT"))
     assert "the workers were stopped" in capsys.readouterr().out
     assert not pool.alive and psutil.Process().children() == []
     with pytest.raises(PoolStoppedError):

@@ -20,6 +20,7 @@ import pytest
 import nbaccel
 import nbaccel.pool.policies as policies
 from nbaccel import PoolStoppedError, start_workers
+from tests.handshake import mark, wait_for, wait_until_blocked
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -39,23 +40,24 @@ def all_reduce_rank() -> float:
     return value.item()
 
 
-def block_in_c_on_rank_zero_while_rank_one_fails() -> None:
+def block_in_c_on_rank_zero_while_rank_one_fails(marker: str) -> None:
     import ctypes
 
     if os.environ["RANK"] == "1":
-        time.sleep(0.3)  # rank 0 is in its C call by then
+        wait_until_blocked(marker)  # rank 0 is in its C call
         raise ValueError("rank 1's own failure")
     # A C call that no signal nbaccel sends before SIGKILL can end: SIGINT (and the stack
     # request, which would end sleep() early) are blocked in this thread, as in a CUDA sync.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGUSR2})
+    mark(marker)
     ctypes.CDLL(None).sleep(60)
 
 
-def test_a_peer_failure_while_a_rank_is_stuck_in_native_code_raises_the_failure(pool, monkeypatch, capsys) -> None:
+def test_a_peer_failure_while_a_rank_is_stuck_in_native_code_raises_the_failure(pool, monkeypatch, capsys, tmp_path) -> None:
     monkeypatch.setattr(policies, "INTERRUPT_GRACE", 1.0)
     started = time.monotonic()
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: rank 1's own failure") as caught:
-        pool.run(block_in_c_on_rank_zero_while_rank_one_fails)
+        pool.run(block_in_c_on_rank_zero_while_rank_one_fails, str(tmp_path / "in-c"))
     assert not isinstance(caught.value, KeyboardInterrupt)
     assert time.monotonic() - started < 10
     assert "rank(s) 0 did not stop within 1 s" in capsys.readouterr().out
@@ -64,44 +66,55 @@ def test_a_peer_failure_while_a_rank_is_stuck_in_native_code_raises_the_failure(
         pool.run(int)
 
 
-def _interrupt_after(delay: float) -> None:
-    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+def _interrupt_once(*markers: str) -> threading.Thread:
+    """SIGINT this process (as the stop button does) once every marker exists."""
+
+    def wait_then_interrupt() -> None:
+        wait_for(*markers)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=wait_then_interrupt, name="interrupt-once-marked")
+    thread.start()
+    return thread
 
 
-def one_more_collective_on_rank_zero() -> None:
+def one_more_collective_on_rank_zero(folder: str) -> None:
     import torch
     import torch.distributed as dist
 
     if os.environ["RANK"] == "0":
         dist.all_reduce(torch.ones(1), async_op=True)  # issued; its partner never comes
+    mark(os.path.join(folder, os.environ["RANK"]))
     time.sleep(30)
 
 
-def test_an_interrupt_that_leaves_ranks_out_of_step_stops_the_pool_and_says_why(pool, capsys) -> None:
+def test_an_interrupt_that_leaves_ranks_out_of_step_stops_the_pool_and_says_why(pool, capsys, tmp_path) -> None:
     assert pool.run(all_reduce_rank) == [3.0, 3.0]  # both ranks at the same count first
-    _interrupt_after(0.5)
+    interrupter = _interrupt_once(str(tmp_path / "0"), str(tmp_path / "1"))
     with pytest.raises(KeyboardInterrupt):
-        pool.run(one_more_collective_on_rank_zero)
+        pool.run(one_more_collective_on_rank_zero, str(tmp_path))
+    interrupter.join()
     out = capsys.readouterr().out
     assert "the ranks issued different numbers of collectives (rank 0: 2, rank 1: 1)" in out
     assert "the workers were stopped" in out
     assert not pool.alive and psutil.Process().children() == []
 
 
-def fail_on_rank_one_after_rank_zero_issued_one_more() -> None:
+def fail_on_rank_one_after_rank_zero_issued_one_more(marker: str) -> None:
     import torch
     import torch.distributed as dist
 
     if os.environ["RANK"] == "1":
-        time.sleep(0.2)
+        wait_for(marker)  # rank 0 issued its collective
         raise ValueError("bad cell")
     dist.all_reduce(torch.ones(1), async_op=True)
+    mark(marker)
     time.sleep(30)
 
 
-def test_a_failure_that_leaves_ranks_out_of_step_raises_it_and_stops_the_pool(pool, capsys) -> None:
+def test_a_failure_that_leaves_ranks_out_of_step_raises_it_and_stops_the_pool(pool, capsys, tmp_path) -> None:
     with pytest.raises(nbaccel.RankFailedError, match="rank 1 failed: ValueError: bad cell"):
-        pool.run(fail_on_rank_one_after_rank_zero_issued_one_more)
+        pool.run(fail_on_rank_one_after_rank_zero_issued_one_more, str(tmp_path / "issued"))
     assert "(rank 0: 1, rank 1: 0)" in capsys.readouterr().out
     assert not pool.alive
 
