@@ -35,10 +35,6 @@ KNOWN: dict[tuple[str, str], str] = {
         "too) and has no public reader for it in torch 2.13; read through getattr with a fallback to no count "
         "(the summary and the pool's in-step check then go without it), never fatal"
     ),
-    # Sharded models (pool/sharded.py's rank side): not yet reviewed for a public way.
-    ("rank/checkpoint.py", "torch.distributed.checkpoint._nested_dict"): "sharded checkpoints: DCP's nested-dict flattening, not reviewed yet",
-    ("rank/checkpoint.py", "_load_state_dict_from_keys"): "sharded checkpoints: DCP's load of named keys, not reviewed yet",
-    ("rank/gather.py", "torch.distributed.tensor._utils"): "sharded pulls: DTensor's local shape and offset helper, not reviewed yet",
     ("rank/heavy_imports.py", "torch._dynamo"): (
         "a module name, imported in the kernel after a launch only to warm later forks (DDP imports it); no "
         "public module imports it (torch.compiler does not); a torch without it just stays cold"

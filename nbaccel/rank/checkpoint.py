@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +89,7 @@ def load(namespace: dict[str, Any], directory: str, names: list[str]) -> list[st
             _apply(namespace, name, state[name])
         missing = sorted(set(names) - set(present))
         if missing:  # not on the ranks yet: whole values, the same on every rank
-            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-            namespace.update(_load_state_dict_from_keys(keys=set(missing), checkpoint_id=directory))
+            namespace.update(_whole_values(directory, missing))
     except (Exception, CheckpointException) as error:  # noqa: BLE001 - DCP raises on every rank alike
         return Refusal(f"loading from {directory!r} failed: {type(error).__name__}: {_first_line(error)}")
     return names
@@ -210,11 +209,10 @@ def _check_loadable(directory: str, names: list[str], state: dict[str, Any]) -> 
     if not os.path.isfile(os.path.join(directory, _METADATA)):
         why = "does not exist" if not os.path.exists(directory) else f"holds no checkpoint (no {_METADATA})"
         raise Refused(f"cannot load from {directory!r}: it {why}; give the folder that %distributed save wrote")
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     saved: dict[str, Any] = dict(FileSystemReader(directory).read_metadata().state_dict_metadata)
-    flat, _ = flatten_state_dict(state)
+    flat = dict(_flat_leaves(state))
     absent = [name for name in names if name not in state and not any(key == name or key.startswith(name + ".") for key in saved)]
     missing = [key for key in flat if key not in saved]
     unexpected = [key for key in saved if key.split(".")[0] in state and key not in flat]
@@ -227,6 +225,65 @@ def _check_loadable(directory: str, names: list[str], state: dict[str, Any]) -> 
     ]
     if problems:
         raise Refused(f"cannot load from {directory!r}: it is a checkpoint of something else ({'; '.join(problems)}); load the names it was saved with")
+
+
+def _flat_leaves(state: dict[str, Any]) -> Any:
+    """``(key, leaf)`` of a state dict under the keys DCP's default planner saves it with: a path
+    joined by dots, into mappings always and into lists that hold tensors or mappings (tuples and
+    other lists are leaves)."""
+    import torch
+
+    def holds_more(value: list[Any]) -> bool:
+        return any(isinstance(item, (Mapping, torch.Tensor)) or (isinstance(item, list) and holds_more(item)) for item in value)
+
+    def walk(path: tuple[Any, ...], value: Any) -> Any:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                yield from walk((*path, key), item)
+        elif isinstance(value, list) and holds_more(value):
+            for index, item in enumerate(value):
+                yield from walk((*path, index), item)
+        else:
+            yield ".".join(map(str, path)), value
+
+    for key, value in state.items():
+        yield from walk((key,), value)
+
+
+def _whole_values(directory: str, names: list[str]) -> dict[str, Any]:
+    """``names`` as saved in ``directory``, whole (not resharded onto anything): a skeleton of
+    empty tensors and placeholders built from the checkpoint's own metadata, filled by DCP's load."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    metadata = FileSystemReader(directory).read_metadata()
+    paths = metadata.planner_data or {}
+    skeleton: dict[Any, Any] = {}
+    for key, stored in metadata.state_dict_metadata.items():
+        path = tuple(paths.get(key, (key,)))
+        if path[0] in names:
+            leaf = torch.empty(stored.size, dtype=stored.properties.dtype) if isinstance(stored, TensorStorageMetadata) else None
+            _place(skeleton, path, leaf)
+    values = {name: _as_lists(value) for name, value in skeleton.items()}
+    dcp_load(values, checkpoint_id=directory)
+    return values
+
+
+def _place(tree: dict[Any, Any], path: tuple[Any, ...], leaf: Any) -> None:
+    for step in path[:-1]:
+        tree = tree.setdefault(step, {})
+    tree[path[-1]] = leaf
+
+
+def _as_lists(tree: Any) -> Any:
+    """Mappings whose keys are the indices 0..n-1 (a saved list's) made lists again."""
+    if not isinstance(tree, dict):
+        return tree
+    items = {key: _as_lists(value) for key, value in tree.items()}
+    if items and all(isinstance(key, int) for key in items) and sorted(items) == list(range(len(items))):
+        return [items[index] for index in range(len(items))]
+    return items
 
 
 def _shape_differs(saved: Any, value: Any) -> bool:

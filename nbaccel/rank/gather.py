@@ -196,17 +196,36 @@ def _write_part(leaf: Any, full: Any, mine: bool) -> None:
         if mine:
             full.copy_(whole)
         return
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     mesh = sharded.device_mesh
     coordinate = mesh.get_coordinate()
     if coordinate is None or any(type(p) is Replicate and coordinate[dim] != 0 for dim, p in enumerate(sharded.placements)):
         return  # not in this mesh, or a replica: another rank writes this part
-    local_shape, offset = compute_local_shape_and_global_offset(sharded.shape, mesh, sharded.placements)
+    sizes = [(p.dim % sharded.ndim, mesh.size(dim), coordinate[dim]) for dim, p in enumerate(sharded.placements) if type(p) is Shard]
+    local_shape, offset = shard_bounds(tuple(sharded.shape), sizes)
     if 0 in local_shape:
         return
     part = full[tuple(slice(start, start + size) for start, size in zip(offset, local_shape, strict=True))]
     part.copy_(sharded.to_local())
+
+
+def shard_bounds(shape: tuple[int, ...], shards: list[tuple[int, int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and start of one rank's block of a tensor of ``shape`` split by ``shards``, each
+    ``(tensor dim, parts, this rank's part)`` in mesh order, split as ``torch.chunk`` (and so DTensor's
+    ``Shard``) splits: parts of ``ceil(size / parts)``, the last ones shorter or empty.
+
+    Example:
+        >>> shard_bounds((10, 4), [(0, 4, 3)])      # 10 rows in 4 parts of 3: the last holds 1
+        ((1, 4), (9, 0))
+        >>> shard_bounds((8, 6), [(0, 2, 1), (1, 3, 2)])   # a 2x3 mesh sharding rows, then columns
+        ((4, 2), (4, 4))
+    """
+    local, start = list(shape), [0] * len(shape)
+    for dim, parts, part in shards:
+        chunk = -(-local[dim] // parts)
+        begin = min(chunk * part, local[dim])
+        start[dim] += begin
+        local[dim] = min(chunk, local[dim] - begin)
+    return tuple(local), tuple(start)
 
 
 def _map_tree(tree: Any, leaf_function: Any) -> Any:

@@ -1,7 +1,7 @@
 """Sharded models on persistent workers through the real WorkerPool: pull gathers, push shards, DCP save/load.
 
 Real forks, a real gloo process group, FSDP2's ``fully_shard``, tensor parallelism and
-torch.distributed.checkpoint on CPU ranks. Imports internals (pool.sharded, rank.checkpoint):
+torch.distributed.checkpoint on CPU ranks. Imports internals (pool.sharded, rank.checkpoint, rank.gather):
 it tests those units directly, below the public face.
 """
 
@@ -15,6 +15,7 @@ import torch
 import nbaccel
 from nbaccel import start_workers
 from nbaccel.pool.sharded import GatherFetch, shard_tasks
+from nbaccel.rank.gather import shard_bounds
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -323,3 +324,32 @@ def test_load_of_a_name_not_on_the_ranks_brings_the_whole_value(tmp_path) -> Non
         with pytest.raises(nbaccel.CheckpointError, match="not in the checkpoint: nothing"):
             pool.load(tmp_path / "c", "nothing")
     assert os.listdir(tmp_path) == ["c"]
+
+
+def nested_tensors(namespace: dict) -> None:
+    namespace["stats"] = {"mean": torch.arange(6.0).reshape(2, 3), "parts": [torch.ones(2, dtype=torch.int64), {"deep": torch.zeros(1)}], "shape": (2, 3)}
+
+
+def test_load_of_a_name_not_on_the_ranks_rebuilds_its_tensors_lists_and_leaves(tmp_path) -> None:
+    """DCP keeps tensors (with their dtype), lists of tensors and other leaves apart: all come back as saved."""
+    with start_workers(2) as pool:
+        pool.run_task(nested_tensors)
+        pool.save(tmp_path / "n", "stats")
+        pool.run_task(lambda ns: ns.pop("stats") and None)
+        pool.load(tmp_path / "n", "stats")
+        for stats in pool.run_task(lambda ns: ns["stats"]):
+            assert torch.equal(stats["mean"], torch.arange(6.0).reshape(2, 3)) and stats["shape"] == (2, 3)
+            ones, deep = stats["parts"]
+            assert ones.dtype == torch.int64 and torch.equal(ones, torch.ones(2, dtype=torch.int64)) and torch.equal(deep["deep"], torch.zeros(1))
+
+
+@pytest.mark.parametrize("size", [1, 5, 8, 9, 13])
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_a_ranks_block_is_where_torch_chunk_puts_it(size: int, parts: int) -> None:
+    """DTensor's Shard splits as torch.chunk does (some parts empty when size < parts): the pull writes each block there."""
+    whole = torch.arange(size * 3).reshape(size, 3)
+    chunks = list(torch.chunk(whole, parts, dim=0))
+    chunks += [whole[size:]] * (parts - len(chunks))  # torch.chunk returns fewer parts; DTensor pads with empty ones
+    for part, chunk in enumerate(chunks):
+        shape, start = shard_bounds((size, 3), [(0, parts, part)])
+        assert shape == tuple(chunk.shape) and torch.equal(whole[start[0] : start[0] + shape[0]], chunk)
