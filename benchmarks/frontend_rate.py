@@ -121,7 +121,9 @@ def main() -> None:
             floor = statistics.median(r["lines/s"] for r in results["floor"])
             for name, runs in results.items():
                 med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-                print(f"{ranks:>5} {name:>10} {med['widget msgs/s']:>14.1f} {med['iopub/s']:>9.0f} {med['lines/s']:>10,.0f} {med['lines/s'] / floor:>8.2f}x {med['cell kB']:>9,.0f}")
+                print(
+                    f"{ranks:>5} {name:>10} {med['widget msgs/s']:>14.1f} {med['iopub/s']:>9.0f} {med['lines/s']:>10,.0f} {med['lines/s'] / floor:>8.2f}x {med['cell kB']:>9,.0f}"
+                )
         print(f"load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
 
 

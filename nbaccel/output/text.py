@@ -90,6 +90,7 @@ class RichTextSink(TextSink):
         if self.logs is not None:
             self.logs.launch_started(num_processes, attempt, ranks)
         self.cap.reset()
+        self.lines_in_cell = True
         self._bars.clear()
         self._started_at = time.monotonic()
         self._elapsed = {}
@@ -129,6 +130,7 @@ class RichTextSink(TextSink):
         if shown == len(lines):
             super().output(rank, stream, lines)
             return
+        self.lines_in_cell = False  # a rank's pdb lines may be among those held: its prompt must repeat them
         if shown:
             super().output(rank, stream, lines[:shown])
         if reason is not None:
@@ -140,7 +142,9 @@ class RichTextSink(TextSink):
             tail = self.cap.tail(rank)
             shown = f"; its last {len(tail)}:" if tail else ""
             path = self.logs.file_for(rank) if self.logs is not None else None
-            self._say(f"nbaccel: rank {rank}: {self.cap.held(rank):,} of {self.cap.held(rank) + self.cap.shown(rank):,} lines held back from the cell, all in {path}{shown}")
+            self._say(
+                f"nbaccel: rank {rank}: {self.cap.held(rank):,} of {self.cap.held(rank) + self.cap.shown(rank):,} lines held back from the cell, all in {path}{shown}"
+            )
             for stream, line in tail:
                 super().output(rank, stream, [line])
 

@@ -75,6 +75,19 @@ def test_beyond_max_lines_one_notice_then_the_count_and_the_last_lines_at_the_en
     assert log is not None and log.read_text().splitlines() == [f"l{i}" for i in range(100)]  # nothing lost
 
 
+def test_once_lines_are_held_back_a_debugger_prompt_repeats_its_text(tmp_path: Path) -> None:
+    sink, _, _ = _sink(tmp_path, Clock(), max_lines=2, max_rate=None)
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", ["a", "b"])
+    assert sink.lines_in_cell  # every line so far is in the cell: pdb's prompt need not repeat them
+    sink.output(0, "stdout", ["> cell(3)", "-> x = 1"])
+    assert not sink.lines_in_cell
+    sink.launch_finished([])
+    sink.launch_started(1, attempt=1)
+    assert sink.lines_in_cell
+    sink.launch_finished([])
+
+
 def test_the_rate_cap_holds_a_burst_and_lets_lines_through_again_once_the_rank_slows(tmp_path: Path) -> None:
     clock = Clock()
     sink, out, _ = _sink(tmp_path, clock, max_lines=None, max_rate=10.0, tail=2)
