@@ -82,7 +82,7 @@ class WidgetSink(TeeSink):
         self.policy = policy or policy_for(frontend.detect().name)
         self.logs = None if log_root is False else RankLogSink(None if log_root in (None, True) else Path(str(log_root)), keep_launches)
         self.live = LiveViewSink(max_lines, max_displays, interval, publisher, logs=self.logs, clock=clock, policy=self.policy)
-        self.fallback = TextFallback(self.live, what="the live widget view")
+        self.fallback = TextFallback(self.live, what="the live widget view", logs=self.logs)
         super().__init__(*([self.logs] if self.logs is not None else []), self.fallback)
 
 

@@ -57,6 +57,8 @@ class RichTextSink(TextSink):
             ``True`` for the default; ``None``: logs only when capped; ``False``: none (and no
             cap, since the lines held back would be lost).
         keep_launches: launch folders kept under ``log_root``.
+        shared_logs: the log sink of a view this one stands in for (the widget view's, which
+            writes every line itself): the cap names its files and writes none of its own.
         clock: seconds, monotonic (tests pass a fake one).
     """
 
@@ -72,11 +74,13 @@ class RichTextSink(TextSink):
         tail: int = DEFAULT_TAIL,
         log_root: Path | str | bool | None = None,
         keep_launches: int = DEFAULT_KEEP,
+        shared_logs: RankLogSink | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(stdout, stderr)
         self.cap = LineCap(max_lines, max_rate, tail, clock)
-        wanted = log_root not in (None, False) or (log_root is None and self.cap.limited)
+        self.shared_logs = shared_logs
+        wanted = shared_logs is None and (log_root not in (None, False) or (log_root is None and self.cap.limited))
         self.logs = RankLogSink(None if log_root in (None, True) else Path(str(log_root)), keep_launches) if wanted else None
         self.min_interval = min_interval
         self.quiet_interval = quiet_interval
@@ -122,7 +126,7 @@ class RichTextSink(TextSink):
 
     def _write(self, rank: int, stream: str, lines: list[str]) -> None:
         """``lines`` into the cell, as far as the cap lets them (they are in the log already)."""
-        path = self.logs.file_for(rank) if self.logs is not None else None
+        path = self._log_file(rank)
         if path is None or not self.cap.limited:  # no log file to hold lines in: every line goes to the cell
             super().output(rank, stream, lines)
             return
@@ -141,12 +145,16 @@ class RichTextSink(TextSink):
         for rank in self.cap.held_ranks():
             tail = self.cap.tail(rank)
             shown = f"; its last {len(tail)}:" if tail else ""
-            path = self.logs.file_for(rank) if self.logs is not None else None
+            path = self._log_file(rank)
             self._say(
                 f"nbaccel: rank {rank}: {self.cap.held(rank):,} of {self.cap.held(rank) + self.cap.shown(rank):,} lines held back from the cell, all in {path}{shown}"
             )
             for stream, line in tail:
                 super().output(rank, stream, [line])
+
+    def _log_file(self, rank: int) -> Path | None:
+        logs = self.logs or self.shared_logs
+        return logs.file_for(rank) if logs is not None else None
 
     def _say(self, line: str) -> None:
         self._stream("stdout").write(f"{line}\n")

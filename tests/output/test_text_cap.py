@@ -202,3 +202,26 @@ def test_a_loud_failing_rank_keeps_its_traceback_and_last_output_in_full(tmp_pat
     assert error.last_lines and error.last_lines[-1] == "loud line 49999"  # the error's own tail: never capped
     assert "loud line 49999" in str(error) and "Traceback on rank 1" in str(error)
     assert isinstance(sink, TextSink) and "[rank 1] loud line 49999" in out.getvalue()
+
+
+def test_a_widget_view_that_broke_falls_back_to_capped_text_naming_the_views_log_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nbaccel.output.fallback import TextFallback
+    from nbaccel.output.logdir import RankLogSink
+    from nbaccel.output.sinks import CollectingSink, TeeSink
+
+    class Broken(CollectingSink):
+        def output(self, rank: int, stream: str, lines: list[str]) -> None:
+            raise RuntimeError("comm gone")
+
+    monkeypatch.setenv(ENV_VAR, "5,0")
+    logs = RankLogSink(tmp_path / "logs")
+    sink = TeeSink(logs, TextFallback(Broken(), logs=logs))  # as WidgetSink is made: the logs first
+    sink.launch_started(1, attempt=0)
+    sink.output(0, "stdout", [f"l{i}" for i in range(50)])
+    sink.launch_finished([RankOutcome(0, Status.SUCCEEDED, exitcode=0)])
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("[rank 0]")][:5] == [f"[rank 0] l{i}" for i in range(5)]
+    assert f"45 of 50 lines held back from the cell, all in {logs.file_for(0)}" in "\n".join(out)
+    assert logs.file_for(0) is not None and logs.file_for(0).read_text().count("\n") == 50  # type: ignore[union-attr]
