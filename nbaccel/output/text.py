@@ -82,6 +82,7 @@ class RichTextSink(TextSink):
         self.shared_logs = shared_logs
         wanted = shared_logs is None and (log_root not in (None, False) or (log_root is None and self.cap.limited))
         self.logs = RankLogSink(None if log_root in (None, True) else Path(str(log_root)), keep_launches) if wanted else None
+        self._log_start: tuple[int, int, Sequence[int] | None] | None = (0, 0, None)  # launch_started's, until the logs open
         self.min_interval = min_interval
         self.quiet_interval = quiet_interval
         self._bars: dict[tuple[int, int], tuple[float, int]] = {}  # (rank, bar) -> (printed at, milestone)
@@ -91,8 +92,7 @@ class RichTextSink(TextSink):
         self.closing_figures = True  # False: a worker pool's housekeeping (push, pull, status) ends without them
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
-        if self.logs is not None:
-            self.logs.launch_started(num_processes, attempt, ranks)
+        self._log_start = (num_processes, attempt, ranks)  # the logs open at the first line
         self.cap.reset()
         self.lines_in_cell = True
         self._bars.clear()
@@ -116,11 +116,13 @@ class RichTextSink(TextSink):
             self._written.add("stdout")
         self._figures = {}
         super().launch_finished(outcomes)
-        if self.logs is not None:
+        if self.logs is not None and self._log_start is None:
             self.logs.launch_finished(outcomes)
+        self._log_start = None  # closed: the next launch_started opens them again
 
     def output(self, rank: int, stream: str, lines: list[str]) -> None:
         if self.logs is not None:
+            self._open_logs()
             self.logs.output(rank, stream, lines)
         self._write(rank, stream, lines)
 
@@ -152,6 +154,15 @@ class RichTextSink(TextSink):
             for stream, line in tail:
                 super().output(rank, stream, [line])
 
+    def _open_logs(self) -> None:
+        """The launch's log folder, made when its first line comes: a pool's housekeeping (a status,
+        a push, every second under ``--watch``) prints nothing, and must not prune real launches' logs."""
+        if self._log_start is not None and self.logs is not None:
+            self.logs.launch_started(*self._log_start)
+            if self.logs.logs is not None:  # a restart's first attempt with lines: files of its attempt
+                self.logs.logs.attempt = self._log_start[1]
+            self._log_start = None
+
     def _log_file(self, rank: int) -> Path | None:
         logs = self.logs or self.shared_logs
         return logs.file_for(rank) if logs is not None else None
@@ -171,7 +182,8 @@ class RichTextSink(TextSink):
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if self.logs is not None:
+        if self.logs is not None and kind != rich.RESOURCES:
+            self._open_logs()
             self.logs.event(rank, event)
         if kind == rich.RESOURCES:
             self._note(rank, event)

@@ -115,6 +115,20 @@ def test_each_attempt_starts_with_a_full_budget_and_files_of_its_own(tmp_path: P
     assert "[rank 0] a1 0" in out.getvalue() and "[rank 0] a1 1" in out.getvalue() and out.getvalue().count("2 of 4 lines held back") == 2
 
 
+def test_a_launch_that_prints_nothing_makes_no_log_folder(tmp_path: Path) -> None:
+    sink, _, _ = _sink(tmp_path, Clock(), max_lines=2, max_rate=None)
+    for attempt in range(3):  # a pool's status, every second under --watch: it must not prune real launches' logs
+        sink.launch_started(2, attempt=attempt)
+        sink.event(0, {"type": "resources", "cpu": 1.0, "rss": 1, "peak_rss": 1})
+        _finish(sink, 2)
+    assert not (tmp_path / "logs").exists() or list((tmp_path / "logs").iterdir()) == []
+    sink.launch_started(1, attempt=3)
+    sink.output(0, "stdout", ["late"])
+    _finish(sink, 1)
+    assert sink.logs is not None and sink.logs.file_for(0) is not None and sink.logs.file_for(0).name == "rank0.attempt4.log"  # type: ignore[union-attr]
+    assert sink.logs.file_for(0).read_text() == "late\n"  # type: ignore[union-attr]
+
+
 def test_without_a_log_file_nothing_is_held_back(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("a file where the log root should be")
