@@ -182,3 +182,25 @@ def test_bursts_reuse_the_block_widgets_instead_of_opening_new_ones(comms: CommL
     assert _text(panel)[-1] == "9:999" and panel.dropped_lines == 10_000 - panel.visible_lines
     shown = [o["text"] for b in panel.blocks for o in b.widget.outputs]
     assert "".join(shown).splitlines() == _text(panel)
+
+
+def test_a_closed_panel_makes_no_widget_when_a_failure_or_lines_come_after(comms: CommLog) -> None:
+    """An interrupt can close the view between a rank's last event and the panel's sync: a widget
+    made then would be a comm the frontend keeps open for ever."""
+    panel = RankPanel(rank=1, max_lines=100)
+    panel.add_lines("stdout", ["before"])
+    panel.sync()
+    panel.close()
+    opened = len(comms)
+    panel.set_failure(RankOutcome(rank=1, status=Status.SIGNALED, signal=9))
+    panel.add_lines("stdout", ["after"])
+    assert panel.sync() == 0 and len(comms) == opened
+
+
+def test_closing_a_panel_closes_its_lazily_made_widgets_even_if_never_laid_out(comms: CommLog) -> None:
+    panel = RankPanel(rank=0, max_lines=100)
+    panel.set_failure(RankOutcome(rank=0, status=Status.EXITED, exitcode=3))
+    panel.sync()
+    panel.widget.children = (panel.header, panel._log)  # as if an interrupt came between making the traceback's widget and laying it out
+    panel.close()
+    assert all(comm.closed for comm in comms), [c.model_name for c in comms if not c.closed]

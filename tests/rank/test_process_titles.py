@@ -32,11 +32,25 @@ def names() -> tuple[str, str]:
         return comm.read().strip(), command_line(os.getpid())
 
 
-def fits(title: str) -> str:
-    """``title`` as this process's argument area can hold it (what a rank forked from here shows)."""
-    area = process_title._AREA
+def fits(title: str, forked_from: int | None = None) -> str:
+    """``title`` as the argument area of ``forked_from`` (default: this process) can hold it: what a
+    process forked from it shows. The fork server's ranks have the server's area, which is this
+    process's when it was forked at import, and its own command line's when it was exec'd."""
+    if forked_from is None:
+        area = process_title._AREA
+    else:
+        with open(f"/proc/{forked_from}/stat", "rb") as stat:
+            text = stat.read()
+        fields = text[text.rfind(b")") + 2 :].split()
+        area = int(fields[45]), int(fields[46])
     assert area is not None, "Linux gives every process an argument area"
     return title[: area[1] - area[0] - 1]
+
+
+def server_pid() -> int:
+    server = fork_server.running_server()
+    assert server is not None
+    return server.pid
 
 
 def train() -> tuple[str, str]:
@@ -49,7 +63,8 @@ def test_each_rank_is_named_by_its_rank_and_its_function(start_method: str) -> N
     if start_method == "spawn":  # a spawned rank's command line is its own, `python -m nbaccel.rank.spawn_entry`
         assert titles == [("nbaccel-r0/2", "nbaccel rank 0/2 (train)"), ("nbaccel-r1/2", "nbaccel rank 1/2 (train)")]
     else:
-        assert titles == [(f"nbaccel-r{r}/2", fits(f"nbaccel rank {r}/2 (train)")) for r in range(2)]
+        parent = server_pid() if start_method == "forkserver" else None
+        assert titles == [(f"nbaccel-r{r}/2", fits(f"nbaccel rank {r}/2 (train)", parent)) for r in range(2)]
     if start_method == "forkserver":
         fork_server.shutdown()
 
@@ -58,11 +73,13 @@ def test_a_cell_rank_is_named_by_its_cell_and_a_wrapped_function_by_the_function
     cell = compile_cell("from tests.rank.test_process_titles import names\nnames()")
     cell.label = "cell [12]"  # what %%distributed sets: the cell's In[12]
     # Through the fork server: the cell travels pickled, its label with it.
-    assert notebook_launcher(cell, num_processes=2, cpu=True, output="text", start_method="forkserver")[1] == (
-        "nbaccel-r1/2",
-        fits("nbaccel rank 1/2 (cell [12])"),
-    )
-    fork_server.shutdown()
+    try:
+        assert notebook_launcher(cell, num_processes=2, cpu=True, output="text", start_method="forkserver")[1] == (
+            "nbaccel-r1/2",
+            fits("nbaccel rank 1/2 (cell [12])", server_pid()),
+        )
+    finally:
+        fork_server.shutdown()
     wrapped = functools.partial(train)
     assert notebook_launcher(wrapped, num_processes=2, cpu=True, output="text", pdb=True)[0] == ("nbaccel-r0/2", fits("nbaccel rank 0/2 (train)"))
 
@@ -82,7 +99,7 @@ def test_the_fork_server_names_itself_and_its_kernel() -> None:
     try:
         with open(f"/proc/{server.pid}/comm") as comm:
             assert comm.read().strip() == "nbaccel-forksrv"
-        assert command_line(server.pid) == fits(f"nbaccel fork server (kernel {os.getpid()})")
+        assert command_line(server.pid) == fits(f"nbaccel fork server (kernel {os.getpid()})", server.pid)
         assert names()[0] != "nbaccel-forksrv"  # the kernel keeps its own names
     finally:
         fork_server.shutdown()

@@ -89,6 +89,7 @@ class RankPanel:
         # The traceback's and the bars' widgets are made when first needed: every widget is a comm
         # open when the view is shown, and VS Code takes seconds for a few dozen (vscode-jupyter #7965).
         self._bars: w.VBox | None = None
+        self._closed = False
         self._error: w.Output | None = None
         self.header = w.HTML(self._header_html(), layout=w.Layout(margin="0 0 2px 0"), _dom_classes=("nbaccel-rank-header",))
         self._log = w.Box(layout=w.Layout(display="flex", flex_flow="column-reverse", max_height=LOG_HEIGHT, overflow="auto", width="100%"))
@@ -181,6 +182,8 @@ class RankPanel:
     def sync(self) -> int:
         """Send what changed since the last sync (one message per changed widget); how many
         widget messages that was (opens and closes included)."""
+        if self._closed:
+            return 0  # the view ended (an interrupt can close it between a rank's event and its sync): a widget made now would never close
         sent = self._sync_failure() if self._failure_dirty else 0
         sent += self._sync_bars()
         # Widgets of dropped blocks are reused for new ones: a burst of lines then costs one
@@ -210,7 +213,11 @@ class RankPanel:
         return sent
 
     def close(self) -> None:
-        """Close every widget of the panel (the kernel forgets them; views disappear)."""
+        """Close every widget of the panel (the kernel forgets them; views disappear); later syncs send nothing."""
+        self._closed = True
+        for lazy in (self._error, self._bars):  # made when first needed: closed even if an interrupt came before they were laid out
+            if lazy is not None:
+                close_tree(lazy)
         for block in self.blocks + self._retired:
             if block.widget is not None:
                 close_tree(block.widget)
