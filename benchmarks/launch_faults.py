@@ -102,11 +102,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=41)
     parser.add_argument("--ranks", type=int, default=2)
     args = parser.parse_args()
-    code = (
-        KERNEL_CODE.replace("__BENCH_DIR__", repr(os.path.dirname(os.path.abspath(__file__))))
-        .replace("RUNS =", "")
-    )
-    code = f"RUNS = {args.runs}\nRANKS = {args.ranks}\n" + code
+    code = f"RUNS = {args.runs}\nRANKS = {args.ranks}\n" + KERNEL_CODE.replace("__BENCH_DIR__", repr(os.path.dirname(os.path.abspath(__file__))))
     with running_kernel(env={"NBACCEL_OUTPUT": "text"}) as kernel:
         run = kernel.execute(code, timeout=600)
         if run.status != "ok":
