@@ -153,6 +153,7 @@ class PreparedEnvironment(NamedTuple):
     block: Any  # a NULL-terminated ctypes array of "KEY=VALUE" (it keeps the bytes alive)
 
 
+_FS_ENCODING = sys.getfilesystemencoding()
 # The C environ pointer, looked up in the kernel once; None where libc's is not reachable.
 try:
     _ENVIRON: Any = ctypes.c_void_p.in_dll(_libc, "environ") if _libc is not None and sys.platform.startswith("linux") else None
@@ -174,8 +175,14 @@ def prepare_environment(env: dict[str, str]) -> PreparedEnvironment | None:
     """
     if _ENVIRON is None or not _ENVIRON.value:
         return None
-    environ = os.environ
-    data = dict(environ._data)  # type: ignore[attr-defined]
+    try:
+        return _environment_block(env)
+    except Exception:  # noqa: BLE001 - a value that is not a str, say: the rank sets each variable, and fails as before
+        return None
+
+
+def _environment_block(env: dict[str, str]) -> PreparedEnvironment:
+    data = dict(os.environ._data)  # type: ignore[attr-defined]
     entries: dict[bytes, bytes] = {}
     pointers = ctypes.cast(_ENVIRON.value, ctypes.POINTER(ctypes.c_char_p))
     index = 0
@@ -183,7 +190,8 @@ def prepare_environment(env: dict[str, str]) -> PreparedEnvironment | None:
         entries.setdefault(entry.partition(b"=")[0], entry)  # getenv reads the first of a name
         index += 1
     for key, value in env.items():
-        encoded_key, encoded_value = environ.encodekey(key), environ.encodevalue(value)  # type: ignore[attr-defined]
+        # What os.environ's encodekey/encodevalue do, without their calls (the kernel pays this per rank).
+        encoded_key, encoded_value = key.encode(_FS_ENCODING, "surrogateescape"), value.encode(_FS_ENCODING, "surrogateescape")
         data[encoded_key] = encoded_value
         entries[encoded_key] = encoded_key + b"=" + encoded_value
     block = (ctypes.c_char_p * (len(entries) + 1))(*entries.values(), None)
