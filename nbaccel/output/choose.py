@@ -1,7 +1,8 @@
 """Choose the sink for a launch from the ``output`` argument and ``NBACCEL_OUTPUT``.
 
 ``"widgets"``: the live per-rank widget view (``WidgetSink``); ``"text"``: labelled lines
-(``RichTextSink``); ``"auto"`` (the default): widgets when a frontend that renders them runs
+(``RichTextSink``; inside a kernel with every line in the ranks' log files too, and a loud rank's
+lines in the cell capped: ``text_sink``); ``"auto"`` (the default): widgets when a frontend that renders them runs
 this kernel, text otherwise (nbclient, papermill, nbconvert, terminal IPython, plain Python, a
 frontend nbaccel does not recognise); see ``nbaccel.output.frontend`` for how that is told.
 The widget view keeps the pace of the frontend it found (``nbaccel.output.update_policy``: about
@@ -36,6 +37,7 @@ from nbaccel.output.fallback import TextFallback
 from nbaccel.output.logdir import DEFAULT_KEEP, RankLogSink
 from nbaccel.output.sinks import ClocklessSink, CollectingSink, LinePrefix, Sink, TeeSink, TextSink  # noqa: F401 - CollectingSink is used by the doctest
 from nbaccel.output.text import RichTextSink
+from nbaccel.output.text_cap import from_env
 from nbaccel.output.update_policy import UpdatePolicy, policy_for
 
 if TYPE_CHECKING:
@@ -80,7 +82,7 @@ class WidgetSink(TeeSink):
         self.policy = policy or policy_for(frontend.detect().name)
         self.logs = None if log_root is False else RankLogSink(None if log_root in (None, True) else Path(str(log_root)), keep_launches)
         self.live = LiveViewSink(max_lines, max_displays, interval, publisher, logs=self.logs, clock=clock, policy=self.policy)
-        self.fallback = TextFallback(self.live, what="the live widget view")
+        self.fallback = TextFallback(self.live, what="the live widget view", logs=self.logs)
         super().__init__(*([self.logs] if self.logs is not None else []), self.fallback)
 
 
@@ -104,21 +106,35 @@ def _make_sink(output: str | Sink | None) -> Sink:
         source = "output" if output else ENV_VAR
         raise ValueError(f"unknown {source} {mode!r}; choose one of {', '.join(map(repr, OUTPUT_MODES))}.")
     if mode == "text":
-        return RichTextSink()
+        return text_sink()
     if threading.current_thread() is not threading.main_thread():
         if mode == "widgets":
             _warn_once(
                 "thread",
                 "output='widgets' from a thread other than the kernel's main one: showing text (widget updates from a thread are not rendered everywhere).",
             )
-        return RichTextSink()
+        return text_sink()
     if mode == "widgets":
         if frontend.in_kernel():
             return WidgetSink()
         _warn_no_kernel()
-        return RichTextSink()
+        return text_sink()
     found = frontend.detect()
-    return WidgetSink(policy=policy_for(found.name)) if found.widgets else RichTextSink()
+    return WidgetSink(policy=policy_for(found.name)) if found.widgets else text_sink()
+
+
+def text_sink() -> RichTextSink:
+    """The text view: in a kernel (its lines saved in the notebook), every line also in the ranks'
+    log files and a loud rank's lines capped (``NBACCEL_TEXT_CAP``, see ``nbaccel.output.text_cap``);
+    in a terminal or plain Python, every line to the terminal, as a script's output goes.
+
+    >>> text_sink().logs is None  # no kernel runs this doctest
+    True
+    """
+    if not frontend.in_kernel():
+        return RichTextSink()
+    max_lines, max_rate = from_env()
+    return RichTextSink(max_lines=max_lines, max_rate=max_rate, log_root=True)
 
 
 def _warn_once(key: str, text: str) -> None:

@@ -2,7 +2,8 @@
 
 ``TextFallback`` passes every call to a view (the live widget view); the first call that raises
 (a bug, a comm that went away) prints one notice and sends that call and every later one to a
-``RichTextSink`` instead, for the rest of the sink's life.
+``RichTextSink`` instead, for the rest of the sink's life. Given the view's log files, that text
+caps a loud rank's lines as a kernel's text view does (``nbaccel.output.text_cap``).
 
 Example:
     >>> class Broken(CollectingSink):
@@ -25,16 +26,19 @@ from typing import Any
 
 from nbaccel.launch.notices import say
 from nbaccel.launch.outcome import RankOutcome
+from nbaccel.output.logdir import RankLogSink
 from nbaccel.output.sinks import CollectingSink, Sink  # noqa: F401 - CollectingSink is used by the doctest
 from nbaccel.output.text import RichTextSink
+from nbaccel.output.text_cap import from_env
 
 
 class TextFallback:
     """``view`` until one of its calls raises, then text (see the module doc)."""
 
-    def __init__(self, view: Sink, what: str = "the live widget view") -> None:
+    def __init__(self, view: Sink, what: str = "the live widget view", logs: RankLogSink | None = None) -> None:
         self.view = view
         self.what = what
+        self.logs = logs  # the view's log files: the text caps a loud rank's lines, as in a kernel's text view
         self.text: RichTextSink | None = None  # set once the view has failed
 
     @property
@@ -43,7 +47,9 @@ class TextFallback:
 
     @property
     def lines_in_cell(self) -> bool:
-        return self.failed or bool(getattr(self.view, "lines_in_cell", False))
+        if self.text is not None:
+            return bool(self.text.lines_in_cell)
+        return bool(getattr(self.view, "lines_in_cell", False))
 
     def launch_started(self, num_processes: int, attempt: int, ranks: Sequence[int] | None = None) -> None:
         self._call("launch_started", num_processes, attempt, ranks)
@@ -81,7 +87,11 @@ class TextFallback:
         getattr(self.text, name)(*args)
 
     def _fall_back(self, exc: Exception) -> None:
-        self.text = RichTextSink()
+        if self.logs is None:
+            self.text = RichTextSink()
+        else:
+            max_lines, max_rate = from_env()
+            self.text = RichTextSink(max_lines=max_lines, max_rate=max_rate, shared_logs=self.logs)
         say(
             f"{self.what} failed ({type(exc).__name__}: {exc}); the rest of this launch is shown as text. "
             "Please report this; output='text' avoids the widget view."

@@ -254,7 +254,8 @@ def _whole_values(directory: str, names: list[str]) -> dict[str, Any]:
     """``names`` as saved in ``directory``, whole (not resharded onto anything): a skeleton of
     empty tensors and placeholders built from the checkpoint's own metadata, filled by DCP's load."""
     import torch
-    from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     metadata = FileSystemReader(directory).read_metadata()

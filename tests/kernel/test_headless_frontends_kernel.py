@@ -25,6 +25,12 @@ papermill = pytest.importorskip("papermill", reason="papermill is not installed 
 GOOD = """%%distributed -n 2 -o values
 print(f"hello from rank {state.process_index}")
 state.process_index * 10"""
+LOUD = """%%distributed -n 2
+import sys
+if state.process_index == 1:
+    for i in range(200_000):
+        sys.stdout.write(f"loud line {i} " + "x" * 40 + "\\n")
+print("done", state.process_index)"""
 BAD = """%%distributed -n 2
 print(f"before the error on rank {state.process_index}", flush=True)
 if state.process_index == 1:
@@ -76,6 +82,20 @@ def test_papermill_fails_the_run_with_the_failing_ranks_error(tmp_path: Path, he
     cells = [c for c in nbformat.read(tmp_path / "out.ipynb", as_version=4).cells if c["cell_type"] == "code"]  # papermill adds a banner above
     assert "[rank 1] before the error on rank 1" in _text(cells[1])  # the lines before the error are saved too
     assert "RankFailedError" in str(cells[1]["outputs"]) and "never" not in _text(cells[2])
+
+
+def test_papermill_saves_a_small_notebook_for_a_loud_rank_and_every_line_in_its_log(tmp_path: Path, headless_env: dict[str, str]) -> None:
+    source = _notebook(tmp_path / "in.ipynb", "%load_ext nbaccel", LOUD)
+    papermill.execute_notebook(str(source), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False, execution_timeout=int(scaled(150)))
+    saved = (tmp_path / "out.ipynb").stat().st_size
+    assert saved < 1_000_000, f"the saved notebook is {saved:,} bytes"  # 200,000 lines would be over 10 MB
+    launch = _text(nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[1])
+    assert "nbaccel: rank 1: more than" in launch and "[rank 1] done 1" in launch and "[rank 0] done 0" in launch
+    assert "[rank 1] loud line 0 " in launch and "[rank 1] loud line 199999 " not in launch.split("lines held back from the cell")[0]
+    logs = list((tmp_path / "logs").glob("*/rank1.log"))
+    assert len(logs) == 1 and f"{logs[0]}" in launch  # the notice names the file
+    lines = logs[0].read_text().splitlines()
+    assert len(lines) == 200_001 and lines[-2].startswith("loud line 199999 ") and lines[-1] == "done 1"
 
 
 def _ipython(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
