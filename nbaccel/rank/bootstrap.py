@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _signal
 import bdb
+import ctypes
 import faulthandler
 import os
 import select
@@ -22,7 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, heavy_imports, memory_errors, process_identity, process_title, stack_dump
 from nbaccel.rank import display_hooks as rank_hooks
@@ -43,11 +44,15 @@ _SIGNALS_NBACCEL_SENDS = {signal.SIGINT.value, signal.SIGTERM.value, stack_dump.
 _prctl = getattr(_libc, "prctl", None) if sys.platform.startswith("linux") else None
 
 
-def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int) -> NoReturn:
+def run_rank(
+    job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, close_fds: list[int], parent_pid: int, prepared: PreparedEnvironment | None = None
+) -> NoReturn:
     """Run ``job`` as ``rank`` and exit the process; never returns into the caller's code.
 
     A job given as bytes (nbaccel.wire.job_pickle: spawn, the fork server) is loaded once the
-    rank's device is pinned, so captured CUDA tensors land on the rank's own GPU.
+    rank's device is pinned, so captured CUDA tensors land on the rank's own GPU. ``prepared``
+    (``prepare_environment(env)``, made by the parent just before the fork) sets the
+    environment in two assignments instead of one ``putenv`` per variable.
     """
     exit_code = _EXIT_SETUP_FAILED
     modules_at_start = heavy_imports.present()
@@ -56,7 +61,7 @@ def run_rank(job: Job | bytes, rank: int, env: dict[str, str], ends: ChildEnds, 
         _name_process(job, rank, env)
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
-        _set_environment(env)
+        _set_environment(env, prepared)
         stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
         _forget_kernel_state()
         exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
@@ -138,10 +143,69 @@ def _name_process(job: Job | bytes, rank: int, env: dict[str, str]) -> None:
     process_title.set_title(f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}")
 
 
-def _set_environment(env: dict[str, str]) -> None:
-    """``os.environ.update(env)`` without the mapping machinery of ``MutableMapping.update``,
-    whose code and objects a fresh rank would otherwise write to (copying their pages): for each
-    variable what ``os.environ[key] = value`` does, the C environment first."""
+class PreparedEnvironment(NamedTuple):
+    """A rank's whole environment, made in the parent before the fork: the child only points
+    the C ``environ`` at ``block`` and ``os.environ`` at ``data``, writing none of the
+    kernel's pages that 28 ``putenv`` calls (malloc, the environ array, new str and bytes
+    objects) would copy."""
+
+    data: dict[bytes, bytes]  # os.environ._data once updated
+    block: Any  # a NULL-terminated ctypes array of "KEY=VALUE" (it keeps the bytes alive)
+
+
+_FS_ENCODING = sys.getfilesystemencoding()
+# The C environ pointer, looked up in the kernel once; None where libc's is not reachable.
+try:
+    _ENVIRON: Any = ctypes.c_void_p.in_dll(_libc, "environ") if _libc is not None and sys.platform.startswith("linux") else None
+except ValueError:  # a libc without the symbol exported
+    _ENVIRON = None
+
+
+def prepare_environment(env: dict[str, str]) -> PreparedEnvironment | None:
+    """Parent side: the environment a rank with ``env`` will have, as one block; None where the
+    C environment cannot be replaced (the rank then sets each variable).
+
+    The C block starts from the C environment itself (a library may have set a variable that
+    ``os.environ`` never saw), each of ``env``'s variables replacing or adding an entry.
+
+    Example:
+        >>> prepared = prepare_environment({"RANK": "3"})
+        >>> prepared is None or prepared.data[b"RANK"] == b"3"
+        True
+    """
+    if _ENVIRON is None or not _ENVIRON.value:
+        return None
+    try:
+        return _environment_block(env)
+    except Exception:  # noqa: BLE001 - a value that is not a str, say: the rank sets each variable, and fails as before
+        return None
+
+
+def _environment_block(env: dict[str, str]) -> PreparedEnvironment:
+    data = dict(os.environ._data)  # type: ignore[attr-defined]
+    entries: dict[bytes, bytes] = {}
+    pointers = ctypes.cast(_ENVIRON.value, ctypes.POINTER(ctypes.c_char_p))
+    index = 0
+    while (entry := pointers[index]) is not None:
+        entries.setdefault(entry.partition(b"=")[0], entry)  # getenv reads the first of a name
+        index += 1
+    for key, value in env.items():
+        # What os.environ's encodekey/encodevalue do, without their calls (the kernel pays this per rank).
+        encoded_key, encoded_value = key.encode(_FS_ENCODING, "surrogateescape"), value.encode(_FS_ENCODING, "surrogateescape")
+        data[encoded_key] = encoded_value
+        entries[encoded_key] = encoded_key + b"=" + encoded_value
+    block = (ctypes.c_char_p * (len(entries) + 1))(*entries.values(), None)
+    return PreparedEnvironment(data, block)
+
+
+def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None = None) -> None:
+    """``os.environ.update(env)``: from a prepared block, or for each variable what
+    ``os.environ[key] = value`` does, the C environment first, without the mapping machinery
+    of ``MutableMapping.update`` (whose code and objects a fresh rank would copy)."""
+    if prepared is not None and _ENVIRON is not None:
+        _ENVIRON.value = ctypes.addressof(prepared.block)
+        os.environ._data = prepared.data  # type: ignore[attr-defined]
+        return
     data, encode_key, encode_value = os.environ._data, os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
     for key, value in env.items():
         os.putenv(key, value)

@@ -6,7 +6,7 @@ import os
 import warnings
 
 from nbaccel.launch.processes import RankProcess
-from nbaccel.rank.bootstrap import run_rank
+from nbaccel.rank.bootstrap import prepare_environment, run_rank
 from nbaccel.rank.cpu_threads import ONE_THREAD_VARIABLE
 from nbaccel.wire.job import ChildEnds, Job
 
@@ -36,13 +36,14 @@ class ForkStarter:
         parent = os.getpid()
         if self.one_thread:
             env = {**env, ONE_THREAD_VARIABLE: "1"}
+        prepared = prepare_environment(env)  # here, not in the child: see PreparedEnvironment
         with warnings.catch_warnings():
             # Python 3.12+ warns that forking a threaded process may deadlock the child. The rank
             # only touches fork-safe state before replacing stdio (preflight refuses CUDA).
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:
-            run_rank(job, rank, env, ends, close_fds, parent)
+            run_rank(job, rank, env, ends, close_fds, parent, prepared)
         try:  # also done in the child; doing it here too closes the race with an early signal
             os.setpgid(pid, pid)
         except OSError:
