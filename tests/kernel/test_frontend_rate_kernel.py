@@ -110,6 +110,14 @@ def widget_messages_per_second(run: Execution) -> list[int]:
     return [sum(begin + s <= t < begin + s + 1 for t in times) for s in range(seconds)]
 
 
+def live_seconds(rates: list[int]) -> list[int]:
+    """The seconds of the live view: not the first (the view's opening burst: one open per widget)
+    nor the last (the closing flush: every panel's last lines and state, sent once as the launch
+    ends), which the budget leaves whole so that the final view is complete."""
+    assert len(rates) >= 3, rates
+    return rates[1:-1]
+
+
 def _check_nothing_lost(run: Execution) -> None:
     assert run.status == "ok", run.stderr
     counts = ast.literal_eval(run.stdout.split("counts ", 1)[1])  # the cell's own print of a list of ints
@@ -127,10 +135,9 @@ def test_a_vscode_cell_gets_the_widget_view_at_about_10_messages_a_second(kernel
     run = _run_cell(kernel, LOUD, {"cellId": VSCODE_CELL})
     _check_nothing_lost(run)
     rates = widget_messages_per_second(run)
-    assert len(rates) >= 3, rates
     print(f"VS Code cell: widget messages per second {rates}")
-    assert max(rates[1:]) <= 14, rates  # the first second holds the view's opening burst
-    assert sum(rates[1:]) / len(rates[1:]) <= 10.5, rates
+    live = live_seconds(rates)
+    assert max(live) <= 14 and sum(live) / len(live) <= 10.5, rates
     assert min(rates) >= 3, rates  # live, not frozen
     assert run.elapsed < 60  # a frontend that renders nothing holds nothing up
 
@@ -161,7 +168,8 @@ def test_a_colab_kernel_by_construction_gets_the_capped_view(tmp_path: Path) -> 
         _check_nothing_lost(run)
         rates = widget_messages_per_second(run)
         print(f"Colab stand-in: widget messages per second {rates}")
-        assert len(rates) >= 3 and max(rates[1:]) <= 14 and sum(rates[1:]) / len(rates[1:]) <= 10.5, rates
+        live = live_seconds(rates)
+        assert max(live) <= 14 and sum(live) / len(live) <= 10.5, rates
 
 
 @pytest.mark.parametrize(("run_type", "expected"), [("Interactive", "kaggle True"), ("Batch", "kaggle False")])
