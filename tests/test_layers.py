@@ -228,15 +228,9 @@ def test_fork_data_importers_are_the_known_ones() -> None:
 POOL_MAY_IMPORT_FROM_RANK = {"nbaccel.rank.serve": frozenset({"serve"})}
 
 
-# (importer, imported): a pool module that still takes rank-side code, waiting on a move, with its reason.
-_SHARDED = "sharded models build worker calls whose code is the rank's own: to be sent by name (wire/rank_calls.py) as RankCall is"
-KNOWN_POOL_RANK_IMPORTS: dict[tuple[str, str], str] = {
-    ("nbaccel.pool.sharded", "nbaccel.rank.checkpoint"): _SHARDED,
-    ("nbaccel.pool.sharded", "nbaccel.rank.gather"): _SHARDED,
-    ("nbaccel.pool.sharded", "nbaccel.rank.shard_place"): _SHARDED,
-    ("nbaccel.pool.worker_calls", "nbaccel.rank.gather"): _SHARDED,
-    ("nbaccel.pool.worker_calls", "nbaccel.rank.shard_place"): _SHARDED,
-}
+# (importer, imported): a pool module that still takes rank-side code, waiting on a move, with its
+# reason. Empty: the sharded calls are RankCode data (wire/rank_calls.py) naming rank/worker_calls.py.
+KNOWN_POOL_RANK_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 def test_the_pool_takes_from_the_rank_side_only_the_workers_loop() -> None:

@@ -27,9 +27,8 @@ import time
 from dataclasses import dataclass
 
 from nbaccel.launch.outcome import with_cell_names
-from nbaccel.rank import collective_count
-from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line_path
 from nbaccel.wire import flight_recorder
+from nbaccel.wire.stack_files import STACK_FILE_VARIABLE, STACK_SIGNAL, count_answer_path, count_pipe_path, last_line_path
 
 __all__ = ["STACK_FILE_VARIABLE", "RankStack", "StackFiles", "summarise"]
 
@@ -199,7 +198,7 @@ class StackFiles:
         pending = set(ranks)
         while pending and time.monotonic() < deadline:
             for rank in sorted(pending):
-                path = collective_count.answer_path(self.path(rank))
+                path = count_answer_path(self.path(rank))
                 if os.path.exists(path):  # written whole, by rename
                     pending.discard(rank)
                     answer = _read(path)
@@ -260,8 +259,8 @@ def _is_whole(text: str, path: str) -> bool:
 
 def _ask_count(stack_file: str) -> bool:
     """Ask the rank's answering thread for its collective count; False when it has none to ask."""
-    path = collective_count.pipe_path(stack_file)
-    return flight_recorder.ask_over_pipe(path, b"?", stale=collective_count.answer_path(stack_file))
+    path = count_pipe_path(stack_file)
+    return flight_recorder.ask_over_pipe(path, b"?", stale=count_answer_path(stack_file))
 
 
 def _answer(rank: int, text: str, last_collective: str | None = None) -> RankStack:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from nbaccel.launch.options import check_profile
 from nbaccel.notebook.cell import PoolCell
-from nbaccel.rank.debugger import PostMortemOnError
 from nbaccel.wire import events
+from nbaccel.wire.rank_calls import PostMortemOnError
 
 if TYPE_CHECKING:
     from nbaccel.pool import WorkerPool

@@ -40,8 +40,8 @@ from nbaccel.output.profile_chart import timeline_svg
 from nbaccel.output.profile_merge import merge_traces, on_kernel_clock
 from nbaccel.output.profile_summary import RankTrace, analyse, straggler_words, table_rows
 from nbaccel.output.sinks import Sink, TeeSink
-from nbaccel.rank.profiling import Profiled
 from nbaccel.wire import rich
+from nbaccel.wire.rank_calls import Profiled
 
 Show = Callable[[dict[str, Any]], None]
 

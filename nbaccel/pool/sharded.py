@@ -29,10 +29,11 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from nbaccel.errors import CheckpointError
-from nbaccel.rank import checkpoint, gather, shard_place
+from nbaccel.wire.rank_calls import RankCode
+from nbaccel.wire.sharded import Layout, Refusal, ShardedValue, fill_slots, offsets
 
 
 class WorkerPool(Protocol):
@@ -59,53 +60,44 @@ class WorkerPool(Protocol):
 
 
 @dataclass
-class GatherFetch:
+class GatherFetch(RankCode):
     """Every rank gathers ``name``'s DTensors in step; rank ``writer`` answers with the full value."""
 
+    code: ClassVar[str] = "nbaccel.rank.worker_calls:gather_fetch"
     name: str
     writer: int
 
-    def __call__(self, namespace: dict[str, Any]) -> Any:
-        if self.name not in namespace:
-            raise NameError(f"name {self.name!r} is not defined on this rank; define it in a %%distributed cell first")
-        return gather.gather(namespace[self.name], self.writer)
-
 
 @dataclass
-class GatherInto:
+class GatherInto(RankCode):
     """Every rank writes its shards of ``name``'s tensors into ``region`` (mapped shared: the
     kernel's memory); rank ``writer`` answers the rest of the value, with slots for the tensors."""
 
+    code: ClassVar[str] = "nbaccel.rank.worker_calls:gather_into"
     name: str
     writer: int
     region: Any  # a SharedRegion in the kernel; on the rank, the uint8 tensor it maps to
-    layout: list[tuple[tuple[int, ...], str]]
-
-    def __call__(self, namespace: dict[str, Any]) -> Any:
-        if self.name not in namespace:
-            raise NameError(f"name {self.name!r} is not defined on this rank; define it in a %%distributed cell first")
-        return gather.gather_into(namespace[self.name], self.writer, self.region, self.layout)
+    layout: Layout
 
 
 @dataclass
-class PlaceShards:
+class PlaceShards(RankCode):
     """One rank's part of a sharded push: the module's skeleton, its slices and the buffers."""
 
+    code: ClassVar[str] = "nbaccel.rank.worker_calls:place_shards"
     name: str
     skeleton: Any
     shards: dict[str, Any]
     buffers: dict[str, Any]
     mesh_shape: tuple[int, ...]
 
-    def __call__(self, namespace: dict[str, Any]) -> None:
-        namespace[self.name] = shard_place.place(self.skeleton, self.shards, self.buffers, self.mesh_shape)
-
 
 @dataclass
-class PlaceWith:
+class PlaceWith(RankCode):
     """A sharded push with the user's recipe: the skeleton, the recipe, the full parameters (memfds
     every rank maps; each reads only the pages of its own part) and the buffers."""
 
+    code: ClassVar[str] = "nbaccel.rank.worker_calls:place_with"
     name: str
     skeleton: Any
     recipe: Callable[[Any, Any], Any]
@@ -113,27 +105,24 @@ class PlaceWith:
     buffers: dict[str, Any]
     mesh_shape: tuple[int, ...]
 
-    def __call__(self, namespace: dict[str, Any]) -> None:
-        namespace[self.name] = shard_place.place_with(self.skeleton, self.recipe, self.params, self.buffers, self.mesh_shape)
-
 
 @dataclass
-class SaveCheckpoint:
+class SaveCheckpoint(RankCode):
+    """DCP into ``directory`` on every rank, through the hidden ``partial`` folder (atomic)."""
+
+    code: ClassVar[str] = "nbaccel.rank.worker_calls:save_checkpoint"
     directory: str
     names: list[str]
     partial: str
 
-    def __call__(self, namespace: dict[str, Any]) -> list[str] | checkpoint.Refusal:
-        return checkpoint.save(namespace, self.directory, self.names, self.partial)
-
 
 @dataclass
-class LoadCheckpoint:
+class LoadCheckpoint(RankCode):
+    """DCP from ``directory`` on every rank, resharded onto them."""
+
+    code: ClassVar[str] = "nbaccel.rank.worker_calls:load_checkpoint"
     directory: str
     names: list[str]
-
-    def __call__(self, namespace: dict[str, Any]) -> list[str] | checkpoint.Refusal:
-        return checkpoint.load(namespace, self.directory, self.names)
 
 
 def pull(pool: WorkerPool, name: str, rank: int) -> Any:
@@ -141,17 +130,17 @@ def pull(pool: WorkerPool, name: str, rank: int) -> Any:
     from nbaccel.pool.worker_calls import Fetch
 
     value = pool.run_task(Fetch(name), ranks=[rank], output="text", label=f"pull {name}", remember=False)[rank]
-    if not isinstance(value, gather.ShardedValue):
+    if not isinstance(value, ShardedValue):
         return value
     everyone = range(pool.num_processes)
     if not pool.shares_memory:  # ranks on other nodes: gathered one tensor at a time, answered in-band
         return pool.run_task(GatherFetch(name, rank), ranks=everyone, output="text", label=f"pull {name}", remember=False)[rank]
     from nbaccel.wire.shm import SharedRegion
 
-    region = SharedRegion(gather.offsets(value.layout)[1])
+    region = SharedRegion(offsets(value.layout)[1])
     try:
         tree = pool.run_task(GatherInto(name, rank, region, value.layout), ranks=everyone, output="text", label=f"pull {name}", remember=False)[rank]
-        return gather.fill_slots(tree, region.tensor(), value.layout)
+        return fill_slots(tree, region.tensor(), value.layout)
     finally:
         region.close()  # the mapping keeps the memory as long as the tensors live
 
@@ -252,7 +241,7 @@ def load(pool: WorkerPool, directory: str | os.PathLike[str], names: Sequence[st
 
 
 def _raise_refusal(answers: list[Any]) -> None:
-    """Every rank answered the same refusal (``nbaccel.rank.checkpoint``): raise it here, once."""
-    refusal = next((answer for answer in answers if isinstance(answer, checkpoint.Refusal)), None)
+    """Every rank answered the same refusal (``nbaccel.wire.sharded.Refusal``): raise it here, once."""
+    refusal = next((answer for answer in answers if isinstance(answer, Refusal)), None)
     if refusal is not None:
         raise CheckpointError(refusal.message)

@@ -11,7 +11,7 @@ after every rank finished; a save that fails or is interrupted leaves no folder 
 (a previous checkpoint there stays whole until the rename). Every check that can refuse
 (an unwritable path, a folder without a checkpoint, keys or shapes that do not match) is made
 by rank 0 and shared with one collective before any other, so every rank raises the same
-refusal (``Refusal``; the kernel raises ``nbaccel.CheckpointError``) having issued the same collectives: the workers stay in step and keep running.
+refusal (``nbaccel.wire.sharded.Refusal``; the kernel raises ``nbaccel.CheckpointError``) having issued the same collectives: the workers stay in step and keep running.
 
 Example (what ``pool.save("ckpt", "model", "optimizer")`` runs on every rank)::
 
@@ -24,25 +24,15 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from nbaccel.wire.sharded import Refusal
 
 _METADATA = ".metadata"  # DCP's FileSystemWriter writes it last, on the coordinator
 
 
 class Refused(Exception):
     """A check that refuses on this rank (its message goes to every rank with one collective)."""
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """What every rank answers when the save or load was refused: the kernel raises ``CheckpointError``.
-
-    Answered, not raised: a rank that raises has its peers interrupted, and a peer still inside
-    the collective that shared the refusal would leave it half done (the group out of step).
-    """
-
-    message: str
 
 
 def save(namespace: dict[str, Any], directory: str, names: list[str], partial: str) -> list[str] | Refusal:

@@ -22,9 +22,7 @@ import threading
 from typing import Any
 
 from nbaccel.rank.import_hooks import when_imported
-
-_ANSWER_SUFFIX = ".count"
-_PIPE_SUFFIX = ".count.pipe"
+from nbaccel.wire.stack_files import count_answer_path, count_pipe_path
 
 
 def collective_count() -> int | None:
@@ -40,16 +38,6 @@ def collective_count() -> int | None:
         return int(counter())
     except RuntimeError:  # a backend that keeps no count (some third-party ones)
         return None
-
-
-def pipe_path(stack_file: str) -> str:
-    """The named pipe the kernel writes to, to ask the rank dumping to ``stack_file``."""
-    return stack_file + _PIPE_SUFFIX
-
-
-def answer_path(stack_file: str) -> str:
-    """Where that rank writes its count ("" without a group)."""
-    return stack_file + _ANSWER_SUFFIX
 
 
 def start_answering(stack_file: str) -> None:
@@ -92,7 +80,7 @@ def _on_first_group(dist: Any, stack_file: str) -> None:
 
 def _start(stack_file: str) -> None:
     """Make the pipe and start the daemon thread that answers on it."""
-    pipe = pipe_path(stack_file)
+    pipe = count_pipe_path(stack_file)
     try:
         try:
             os.mkfifo(pipe, 0o600)
@@ -105,7 +93,7 @@ def _start(stack_file: str) -> None:
     # Not threading.Thread: its start() waits until the new thread has run, a GIL hand-over that
     # cost every rank 1-4 ms of its launch (benchmarks/launch_bench.py's breakdown). Nothing waits
     # for this thread: the rank ends with os._exit, and the kernel asks only when it takes stacks.
-    _thread.start_new_thread(_answer_forever, (fd, answer_path(stack_file)))
+    _thread.start_new_thread(_answer_forever, (fd, count_answer_path(stack_file)))
 
 
 def _answer_forever(fd: int, answer: str) -> None:

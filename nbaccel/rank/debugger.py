@@ -25,7 +25,6 @@ import os
 import pdb
 import sys
 import warnings
-from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -199,23 +198,19 @@ def remember_failure(error: BaseException) -> None:
         _last_failure = error
 
 
-@dataclass
-class PostMortemOnError:
-    """Call ``function``; if it raises, open the post-mortem before the error is reported (``--pdb``).
+def call_with_post_mortem(*args: Any, function: Any) -> Any:
+    """``function(*args)``; if it raises, the post-mortem opens before the error is reported
+    (``--pdb``: the kernel sends ``nbaccel.wire.rank_calls.PostMortemOnError``, which calls this).
 
     Peers are left waiting meanwhile: the kernel stops them only once the error arrives.
     """
-
-    function: Any
-
-    def __call__(self, *args: Any) -> Any:
-        try:
-            return self.function(*args)
-        except (KeyboardInterrupt, SystemExit, bdb.BdbQuit):
-            raise
-        except BaseException as error:
-            post_mortem(error)
-            raise
+    try:
+        return function(*args)
+    except (KeyboardInterrupt, SystemExit, bdb.BdbQuit):
+        raise
+    except BaseException as error:
+        post_mortem(error)
+        raise
 
 
 def debug_last_failure(namespace: dict[str, Any]) -> bool:

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from nbaccel.wire import shm
+from nbaccel.wire.sharded import Layout, ShardedValue, Slot, map_tree, offsets, view
 
 
 def holds_dtensors(value: Any) -> bool:
@@ -116,17 +117,6 @@ def _keep(tensor: Any, shared: bool) -> Any:
     return tensor.clone() if tensor.untyped_storage().nbytes() > tensor.nbytes else tensor  # a view: not its whole storage
 
 
-class ShardedValue:
-    """What a rank answers to a plain pull of a value holding DTensors: "gather it, on every rank",
-    with the layout of its tensors in walk order (``(shape, dtype name)``), for a region to write into."""
-
-    def __init__(self, layout: list[tuple[tuple[int, ...], str]]) -> None:
-        self.layout = layout
-
-    def __repr__(self) -> str:
-        return "<sharded: pull gathers it on every rank>"
-
-
 def layout_of(value: Any) -> ShardedValue:
     """The shapes and dtypes of ``value``'s tensors (DTensors: their full shapes), in walk order."""
     import torch
@@ -135,30 +125,7 @@ def layout_of(value: Any) -> ShardedValue:
     return ShardedValue([(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors])
 
 
-def offsets(layout: list[tuple[tuple[int, ...], str]]) -> tuple[list[int], int]:
-    """Where each tensor of ``layout`` starts in one region (64-byte aligned), and the region's size.
-
-    >>> offsets([((2, 3), "float32"), ((5,), "int64")])
-    ([0, 64], 104)
-    """
-    import torch
-
-    starts, end = [], 0
-    for shape, dtype in layout:
-        end = -(-end // 64) * 64
-        starts.append(end)
-        end += torch.Size(shape).numel() * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    return starts, end
-
-
-class Slot:
-    """The place of a tensor in the region, in a gathered tree (the kernel puts the tensor there)."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-def gather_into(value: Any, writer: int, region: Any, layout: list[tuple[tuple[int, ...], str]]) -> Any:
+def gather_into(value: Any, writer: int, region: Any, layout: Layout) -> Any:
     """Every rank writes its own shards of ``value``'s tensors at their place in ``region`` (a uint8
     tensor mapped shared with the kernel, ``nbaccel.wire.shm.SharedRegion``): no full tensor on any
     rank, nothing but the layout sent back. Placements other than Shard and Replicate (Partial, the
@@ -175,11 +142,11 @@ def gather_into(value: Any, writer: int, region: Any, layout: list[tuple[tuple[i
             return leaf if mine else None
         index = next(counter)
         shape, dtype = layout[index]
-        _write_part(leaf, _view(region, starts[index], shape, dtype), mine)
+        _write_part(leaf, view(region, starts[index], shape, dtype), mine)
         return Slot(index) if mine else None
 
     with torch.no_grad():
-        tree = _map_tree(_as_tree(value), place)
+        tree = map_tree(_as_tree(value), place)
     return tree if mine else None
 
 
@@ -226,33 +193,3 @@ def shard_bounds(shape: tuple[int, ...], shards: list[tuple[int, int, int]]) -> 
         start[dim] += begin
         local[dim] = min(chunk, local[dim] - begin)
     return tuple(local), tuple(start)
-
-
-def _map_tree(tree: Any, leaf_function: Any) -> Any:
-    if isinstance(tree, dict):
-        return type(tree)((key, _map_tree(item, leaf_function)) for key, item in tree.items())
-    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-        return type(tree)(_map_tree(item, leaf_function) for item in tree)
-    return leaf_function(tree)
-
-
-def fill_slots(tree: Any, region: Any, layout: list[tuple[tuple[int, ...], str]]) -> Any:
-    """The kernel's side: ``tree`` with each ``Slot`` replaced by its tensor, a view of ``region``."""
-    starts, _ = offsets(layout)
-
-    def fill(leaf: Any) -> Any:
-        if not isinstance(leaf, Slot):
-            return leaf
-        shape, dtype = layout[leaf.index]
-        return _view(region, starts[leaf.index], shape, dtype)
-
-    return _map_tree(tree, fill)
-
-
-def _view(region: Any, start: int, shape: tuple[int, ...], dtype: str) -> Any:
-    """The tensor of ``shape`` and ``dtype`` at byte ``start`` of ``region`` (a view: no copy)."""
-    import torch
-
-    kind = getattr(torch, dtype)
-    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=kind).element_size()
-    return region[start : start + nbytes].view(kind).view(shape)

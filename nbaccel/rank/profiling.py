@@ -1,6 +1,7 @@
 """A rank's function under ``torch.profiler``, its trace sent to the kernel however the call ends.
 
-``--profile`` (``notebook_launcher(profile=...)``) wraps what each rank runs in ``Profiled``. The
+``--profile`` (``notebook_launcher(profile=...)``) wraps what each rank runs in
+``nbaccel.wire.rank_calls.Profiled``, which calls ``call_profiled`` on the rank. The
 rank records CPU activity (and CUDA where its device is a GPU) with torch's cheap defaults: no
 shapes, no stacks, no memory (each would multiply the trace's size and cost). When the call
 returns, raises or is interrupted, the rank exports its Chrome trace and sends it on its event
@@ -17,7 +18,7 @@ rank's times by its node's measured offset.
 Nothing here runs, and torch.profiler is never imported, without ``--profile``.
 
 Example:
-    >>> Profiled(sum)([1, 2])  # outside a rank nothing is sent; the value is the function's
+    >>> call_profiled([1, 2], function=sum)  # outside a rank nothing is sent; the value is the function's
     3
 """
 
@@ -29,7 +30,6 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from nbaccel.net import clock
@@ -41,19 +41,14 @@ from nbaccel.wire import rich
 _QUIET_KINETO = {"KINETO_LOG_LEVEL": "6"}
 
 
-@dataclass
-class Profiled:
+def call_profiled(*args: Any, function: Callable[..., Any]) -> Any:
     """``function(*args)`` run under torch.profiler; the trace goes to the kernel at the end."""
-
-    function: Callable[..., Any]
-
-    def __call__(self, *args: Any) -> Any:
-        session = _Session()
-        session.start()
-        try:
-            return self.function(*args)
-        finally:
-            session.finish()
+    session = _Session()
+    session.start()
+    try:
+        return function(*args)
+    finally:
+        session.finish()
 
 
 class _Session:

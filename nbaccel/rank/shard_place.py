@@ -6,7 +6,8 @@ applies ``fully_shard`` on the mesh (1-D over every rank, or ``(replicate, shard
 shape: HSDP), allocates its shards (``to_empty``) and copies its slices in: no rank ever holds the
 whole model. Also here: what ``%distributed status`` says about the sharded modules of a namespace.
 
-Example (what the task ``nbaccel.pool.sharded.PlaceShards`` does on each rank)::
+Example (what the task ``nbaccel.pool.sharded.PlaceShards`` runs on each rank, through
+``nbaccel.rank.worker_calls.place_shards``)::
 
     namespace["model"] = place(skeleton, shards, buffers, mesh_shape=(2,))
 """

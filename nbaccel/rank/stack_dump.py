@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import sys
 
 from nbaccel.rank import collective_count
 from nbaccel.wire import flight_recorder
+from nbaccel.wire.stack_files import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line_path
 
-STACK_SIGNAL = signal.SIGUSR2
-STACK_FILE_VARIABLE = "NBACCEL_STACK_FILE"
+__all__ = ["STACK_FILE_VARIABLE", "STACK_SIGNAL", "install", "prepare"]
 
 _dump_fd: int | None = None  # kept open for the handler, for the rank's lifetime
 
@@ -47,12 +46,6 @@ def install(path: str | None) -> None:
         # Before any process group exists: NCCL's watchdog reads these when it starts.
         for name, value in flight_recorder.recorder_paths(path).items():
             os.environ.setdefault(name, value)
-
-
-def last_line_path(path: str) -> str:
-    """Where the rank says how its dumps end: faulthandler writes no end marker, but it dumps the
-    main thread (the oldest) last, and that stack always ends in the same outermost frame."""
-    return path + ".last"
 
 
 def _outermost_frame_line() -> str:

@@ -66,7 +66,7 @@ def collectives(trace: dict[str, Any], rank: int) -> list[tuple[float, float]]:
 @pytest.mark.slow
 def test_the_summary_names_the_rank_doing_twice_the_work_and_the_merged_trace_has_both_lanes_on_one_clock(tmp_path: Path) -> None:
     shown = Shown()
-    from nbaccel.rank.profiling import Profiled
+    from nbaccel.wire.rank_calls import Profiled
 
     assert nbaccel.notebook_launcher(Profiled(uneven_work), num_processes=2, output=profiled_sink(tmp_path, shown)) == [0, 1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json", "rank1.json", "trace.json"]
@@ -138,7 +138,7 @@ def work_until_interrupted() -> None:
 
 def test_an_interrupted_profiled_launch_still_writes_every_trace(tmp_path: Path) -> None:
     shown = Shown()
-    from nbaccel.rank.profiling import Profiled
+    from nbaccel.wire.rank_calls import Profiled
 
     with pytest.raises(KeyboardInterrupt):
         nbaccel.notebook_launcher(Profiled(work_until_interrupted), num_processes=2, output=profiled_sink(tmp_path, shown, InterruptWhenWorking()))

@@ -26,10 +26,10 @@ def pipe_before_and_after(how: str) -> tuple[bool, bool, int | None]:
     import torch
     import torch.distributed as dist
 
-    from nbaccel.rank.collective_count import collective_count, pipe_path
-    from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE
+    from nbaccel.rank.collective_count import collective_count
+    from nbaccel.wire.stack_files import STACK_FILE_VARIABLE, count_pipe_path
 
-    pipe = pipe_path(os.environ[STACK_FILE_VARIABLE])
+    pipe = count_pipe_path(os.environ[STACK_FILE_VARIABLE])
     before = os.path.exists(pipe)
     if how == "init_process_group":
         dist.init_process_group("gloo")
