@@ -223,23 +223,43 @@ def test_fork_data_importers_are_the_known_ones() -> None:
     assert not stale, f"no longer import {sorted(names)} from {module}: remove them from KNOWN_FORK_DATA_IMPORTERS: {stale}"
 
 
-# What a pool takes from the rank side: only the function its Job names (as launch/starters/fork.py
-# takes run_rank). Data that crosses the fork lives in wire/ (Job, RankCall, the exit timeout).
-POOL_MAY_IMPORT_FROM_RANK = {"nbaccel.rank.serve": frozenset({"serve"})}
+# What the kernel side (and a node agent, the kernel of its node's ranks) takes from the rank side:
+# only the function a starter runs in the new process, as a Job or a process's main (as
+# launch/starters/fork.py takes run_rank). Data that crosses the fork lives in wire/ (Job,
+# RankCall and RankCode calls, the stack files, a sharded pull's layout, the exit timeout).
+STARTING_SIDE = ("nbaccel.notebook", "nbaccel.launcher", "nbaccel.testing", "nbaccel.cluster", "nbaccel.agent", "nbaccel.pool", "nbaccel.output", "nbaccel.launch")
+ENTRY_POINTS: dict[str, frozenset[str]] = {
+    "nbaccel.rank.serve": frozenset({"serve"}),  # a persistent worker's Job (pool/pool.py)
+    "nbaccel.rank.bootstrap": frozenset({"run_rank", "prepare_environment"}),  # a forked rank's main, its environment made before the fork
+    "nbaccel.rank.server_loop": frozenset({"serve"}),  # the fork server process's main
+    "nbaccel.rank.agent_entry": frozenset({"remote_job"}),  # the Job of a rank a node agent forks
+}
+
+# (importer, imported): a starting-side module that still takes rank-side code or data, with the
+# move that would end it. These wait on files other work owns this round (rank/process_title.py,
+# rank/cpu_threads.py, launch/plan.py, launch/preview.py, launch/starters/fork.py).
+_TITLES = "process_title names every process nbaccel keeps (fork server, agent, rank): to move below both sides, with job_label beside Job in wire/job.py"
+_THREADS = "threads_per_rank and NBACCEL_ONE_CPU_THREAD are what a rank's environment says of its CPU threads: to move to wire/rank_env.py"
+KNOWN_STARTING_SIDE_RANK_IMPORTS: dict[tuple[str, str], str] = {
+    ("nbaccel.agent.cli", "nbaccel.rank.process_title"): _TITLES,
+    ("nbaccel.agent.node", "nbaccel.rank.process_title"): _TITLES,
+    ("nbaccel.launch.debug_desk", "nbaccel.rank.process_title"): _TITLES,
+    ("nbaccel.launch.plan", "nbaccel.rank.cpu_threads"): _THREADS,
+    ("nbaccel.launch.preview", "nbaccel.rank.cpu_threads"): _THREADS,
+    ("nbaccel.launch.starters.fork", "nbaccel.rank.cpu_threads"): _THREADS,
+}
 
 
-# (importer, imported): a pool module that still takes rank-side code, waiting on a move, with its
-# reason. Empty: the sharded calls are RankCode data (wire/rank_calls.py) naming rank/worker_calls.py.
-KNOWN_POOL_RANK_IMPORTS: dict[tuple[str, str], str] = {}
-
-
-def test_the_pool_takes_from_the_rank_side_only_the_workers_loop() -> None:
-    taken = [i for i in all_imports() if i.importer.startswith("nbaccel.pool") and i.imported.startswith("nbaccel.rank")]
-    wrong = [i for i in taken if not i.names or not set(i.names) <= POOL_MAY_IMPORT_FROM_RANK.get(i.imported, frozenset())]
-    unknown = [f"{i} {list(i.names)}" for i in wrong if (i.importer, i.imported) not in KNOWN_POOL_RANK_IMPORTS]
-    assert not unknown, "the pool imports rank-side modules for data that crosses the fork (give it a home in nbaccel/wire/):\n  " + "\n  ".join(unknown)
-    stale = [f"{a} -> {b}" for a, b in KNOWN_POOL_RANK_IMPORTS if (a, b) not in {(i.importer, i.imported) for i in wrong}]
-    assert not stale, "known exceptions that no longer occur (remove them from KNOWN_POOL_RANK_IMPORTS):\n  " + "\n  ".join(stale)
+def test_the_starting_side_takes_from_the_rank_side_only_entry_points() -> None:
+    taken = [i for i in all_imports() if i.importer.startswith(STARTING_SIDE) and i.imported.startswith("nbaccel.rank")]
+    wrong = [i for i in taken if not i.names or not set(i.names) <= ENTRY_POINTS.get(i.imported, frozenset())]
+    unknown = [f"{i} {list(i.names)}" for i in wrong if (i.importer, i.imported) not in KNOWN_STARTING_SIDE_RANK_IMPORTS]
+    assert not unknown, (
+        "the kernel side imports rank-side modules for what crosses the fork (give it a home in nbaccel/wire/, or send the rank's code as a "
+        "wire.rank_calls.RankCode):\n  " + "\n  ".join(unknown)
+    )
+    stale = [f"{a} -> {b}" for a, b in KNOWN_STARTING_SIDE_RANK_IMPORTS if (a, b) not in {(i.importer, i.imported) for i in wrong}]
+    assert not stale, "known exceptions that no longer occur (remove them from KNOWN_STARTING_SIDE_RANK_IMPORTS):\n  " + "\n  ".join(stale)
 
 
 def test_errors_imports_no_layer() -> None:

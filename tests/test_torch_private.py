@@ -32,12 +32,17 @@ CONVENTIONAL = frozenset({"torch", "dist", "c10d", "distributed_c10d", "torch_cu
 KNOWN: dict[tuple[str, str], str] = {
     ("rank/collective_count.py", "_get_sequence_number_for_group"): (
         "torch keeps each group's count of collectives (its sequence number, which DDP's C++ reducer advances "
-        "too) and has no public reader for it in torch 2.13; read through getattr with a fallback to no count "
+        "too) and has no public reader for it in torch 2.13 (torch.distributed exposes only get_pg_count; the "
+        "flight recorder, whose dump is private too, runs on NCCL only); counting in Python by wrapping the public "
+        "collectives would miss those the C++ reducer issues; read through getattr with a fallback to no count "
         "(the summary and the pool's in-step check then go without it), never fatal"
     ),
-    ("rank/heavy_imports.py", "torch._dynamo"): (
-        "a module name, imported in the kernel after a launch only to warm later forks (DDP imports it); no "
-        "public module imports it (torch.compiler does not); a torch without it just stays cold"
+    ("wire/events.py", "torch._dynamo"): (
+        "a module name on the warm allow-list: the kernel imports it after a launch only so that later forks "
+        "inherit it (DDP imports it in each rank). No public module imports it (torch.compiler, torch.export, "
+        "torch.nn.parallel do not); public functions that do (torch.compiler.disable, list_backends) would load it "
+        "as a side effect, and whether a rank had to load it can only be asked by its name in sys.modules; a torch "
+        "without it just stays cold"
     ),
 }
 

@@ -16,8 +16,9 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
 
-from nbaccel.rank.heavy_imports import WARM_MODULES, present
+from nbaccel.wire.events import WARM_MODULES
 
 _noted: set[str] = set()
 
@@ -29,7 +30,7 @@ def note(modules: list[str]) -> None:
 
 def import_noted() -> None:
     """Import what ranks reported and the kernel lacks (after the launch, never during it)."""
-    for name in sorted(_noted - present()):
+    for name in sorted(_noted - sys.modules.keys()):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - warming is an optimisation: never fail a launch for it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-WARM_MODULES = ("torch._dynamo",)
+from nbaccel.wire.events import WARM_MODULES
 
 
 def present() -> set[str]:

@@ -10,7 +10,7 @@ code. It dies with the kernel (``PR_SET_PDEATHSIG``, and end of file on the sock
 ranks with it (theirs is set on the server).
 
 Messages are pickled dicts on a socketpair private to the kernel and its own child (like the
-event pipes: nothing here came from a network):
+event pipes: nothing here came from a network; ``nbaccel.wire.fork_server_messages`` sends and reads them):
 
 - kernel to server ``{"op": "start", "rank", "env", "commands", "shared", "modules", "imports",
   "environ", "path", "cwd"}`` + fds ``[stdout, stderr, channel, job, (commands), (shared), memfds of the job...]``;
@@ -29,7 +29,6 @@ from __future__ import annotations
 import gc
 import importlib
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -37,25 +36,10 @@ import sys
 from typing import Any, NoReturn
 
 from nbaccel.rank import process_title
+from nbaccel.wire.fork_server_messages import recv_message, send_message
 
-MAX_MESSAGE = 1 << 20  # a request's dict: the kernel's environment, sys.path and a few module names
-MAX_FDS = 8
 _PR_SET_PDEATHSIG = 1
 _EXIT_PARENT_GONE = 70
-
-
-def recv_message(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message and the fds passed with it; (None, []) at end of file."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return pickle.loads(data), list(fds)
-
-
-def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    socket.send_fds(sock, [pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)], fds or [])
 
 
 def serve(sock: socket.socket, parent_pid: int, modules: tuple[str, ...] = ()) -> NoReturn:

@@ -6,11 +6,6 @@ import os
 import pickle
 import sys
 
-CHANNEL_FD = 3  # where the spawned rank finds its event pipe (the kernel's spawn puts it there)
-COMMANDS_FD = 4  # and, for persistent workers, its command pipe
-SHARED_FD = 5  # and its fd socket for shared memory (nbaccel.wire.shm)
-ATTACHED_FD = 10  # the memfds of the job's big arguments, from here on
-
 
 def main() -> None:
     payload = sys.stdin.buffer.read()  # first, so the kernel's write never waits on our imports
@@ -21,7 +16,7 @@ def main() -> None:
 
     from nbaccel.rank.bootstrap import run_rank
     from nbaccel.wire import shm
-    from nbaccel.wire.job import ChildEnds
+    from nbaccel.wire.job import CHANNEL_FD, COMMANDS_FD, SHARED_FD, ChildEnds
 
     tag, attached = spec["attached"]
     shm.expect(tag, attached)

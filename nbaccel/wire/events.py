@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 VERSION = 1
 _HEADER = struct.Struct("!BBQ")
+# The heavy modules an IMPORTED event may name for the kernel to import (nbaccel.launch.warm): an
+# allow-list, since an arbitrary module might initialise CUDA on import. DDP's first use in a rank
+# imports torch._dynamo (about 800 modules); no public module of torch loads it (tests/test_torch_private.py).
+WARM_MODULES = ("torch._dynamo",)
+
 # A rank may send from several threads (a tqdm monitor, a logging thread): frames must not interleave.
 _SEND_LOCK = threading.Lock()
 

@@ -1,6 +1,7 @@
 """What crosses the fork: the job every rank runs, and the ends of a rank's pipes as the rank sees them.
 
-Both sides import it: the kernel builds a ``Job`` and the ``ChildEnds``, the rank's bootstrap reads them.
+Both sides import it: the kernel builds a ``Job`` and the ``ChildEnds``, the rank's bootstrap reads
+them; a spawned rank finds its ends at the fd numbers below.
 
 Example:
     >>> Job(print, ("hello",)).args
@@ -39,3 +40,11 @@ class ChildEnds:
     channel: int
     commands: int | None = None  # read end of the kernel's commands (persistent workers only)
     shared: int | None = None  # the rank's end of its fd socket (nbaccel.wire.shm); None: values in-band
+
+
+# Where a spawned rank finds its ends: the kernel's spawn (nbaccel.launch.starters.spawn) puts them
+# there, the new interpreter's entry (nbaccel.rank.spawn_entry) builds its ChildEnds from them.
+CHANNEL_FD = 3  # the event pipe
+COMMANDS_FD = 4  # the command pipe, for persistent workers
+SHARED_FD = 5  # the fd socket for shared memory (nbaccel.wire.shm)
+ATTACHED_FD = 10  # the memfds of the job's big arguments, from here on

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from nbaccel.launch.notices import say
 from nbaccel.launch.preflight import fork_hazards
 from nbaccel.launch.processes import RankProcess
-from nbaccel.rank.server_loop import recv_message, send_message, serve
+from nbaccel.rank.server_loop import serve
+from nbaccel.wire.fork_server_messages import recv_message, send_message
 
 if TYPE_CHECKING:  # imported when a launch needs them: `import nbaccel` forks the server, cheaply
     from nbaccel.wire.job import ChildEnds, Job

@@ -14,8 +14,7 @@ import sys
 
 from nbaccel.launch.notices import say
 from nbaccel.launch.processes import RankProcess
-from nbaccel.rank.spawn_entry import ATTACHED_FD, CHANNEL_FD, COMMANDS_FD, SHARED_FD
-from nbaccel.wire.job import ChildEnds, Job
+from nbaccel.wire.job import ATTACHED_FD, CHANNEL_FD, COMMANDS_FD, SHARED_FD, ChildEnds, Job
 from nbaccel.wire.job_pickle import dump_job
 from nbaccel.wire.shm import Attachments
 
