@@ -143,3 +143,21 @@ def test_a_cluster_plan_counts_every_nodes_ranks() -> None:
             stop_agents(agents)
     assert (preview.num_processes, preview.start_method, preview.backend) == (2, "agents", "gloo")
     assert preview.start_reason.startswith("each node's agent forks its own ranks (node 0 (") and preview.start_reason.endswith(": 1 rank(s))")
+
+
+def _parameters(function: object) -> list[tuple[str, str, object, object]]:
+    import inspect
+
+    return [(p.name, p.kind.name, p.default, p.annotation) for p in inspect.signature(function).parameters.values()]  # type: ignore[arg-type]
+
+
+def test_plan_takes_every_parameter_of_notebook_launcher_as_it_is() -> None:
+    """``nbaccel.plan()`` mirrors ``notebook_launcher``'s signature by hand (both are public, each
+    with its own docstring): names, order, kinds, defaults and annotations must not drift. Only
+    ``function`` differs, as it must: a plan may be asked without one (default None)."""
+    ours, theirs = _parameters(nbaccel.plan), _parameters(nbaccel.notebook_launcher)
+    assert [p[:2] for p in ours] == [p[:2] for p in theirs], "plan() and notebook_launcher() take different parameters (names, order or kinds)"
+    assert ours[0] == ("function", "POSITIONAL_OR_KEYWORD", None, "Callable[..., Any] | None"), ours[0]
+    assert theirs[0][3] == "Callable[..., T]", theirs[0]
+    drifted = [(mine, launcher) for mine, launcher in zip(ours[1:], theirs[1:], strict=True) if mine != launcher]
+    assert not drifted, f"plan() differs from notebook_launcher() in: {drifted}"
