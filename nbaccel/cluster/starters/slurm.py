@@ -96,9 +96,17 @@ class SubmittedJob(AgentStart):
 
     def stop(self, grace: float) -> None:
         """Cancel the job (the agents have been told to exit; what lingers is ended by Slurm)."""
+        # A bounded poll, because Slurm's tools have no blocking wait for another process's job to
+        # end: `sbatch --wait` waits only on the job it submits, and itself polls the controller with
+        # a doubling sleep (2 to 10 s to notice the end); `scontrol wait_job` returns once the job is
+        # running; `strigger --fini` runs a program on the controller's host, not here. One squeue
+        # each _SQUEUE_EVERY (the controller answers in tens of ms), for `grace` at most (research: clusters.md).
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self._look()[0] not in ("ENDED", *_ENDED):
-            time.sleep(0.1)
+        while self._look()[0] not in ("ENDED", *_ENDED):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(_SQUEUE_EVERY, left))
         subprocess.run(["scancel", self.job], check=False, capture_output=True, timeout=30)
         for path in (self.script, self.log):
             path.unlink(missing_ok=True)
