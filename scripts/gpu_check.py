@@ -32,7 +32,7 @@ class Check:
     proves: str
     limit_s: int
     gpus: int = 1
-    needs: str = ""  # the issue-14 feature it exercises, where another change builds it
+    needs: str = ""  # the parts of nbaccel it exercises beyond the launch itself: where a failure points first
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -56,12 +56,30 @@ CHECKS = [
         "CUDA initialised after the fork server was forked: one rank per GPU from the server on NCCL, a captured CUDA tensor on each rank's own GPU",
         120,
     ),
-    Check("nccl-ddp-one-rank", "one rank gets an NCCL process group and DDP runs a step", 120, needs="item 3: a process group for one rank"),
-    Check("pool-oom", "a pool cell that runs out of GPU memory is named, and the pool is kept", 120, needs="item 6: pool errors on CUDA"),
     Check(
-        "device-assert", "a device-side assert ends the worker, names the rank and says %distributed restart", 120, needs="item 6: unrecoverable CUDA errors"
+        "nccl-ddp-one-rank",
+        "one rank gets an NCCL process group and DDP runs a step",
+        120,
+        needs="state/default_group.py: a process group for a one-rank launch",
     ),
-    Check("distributed-free", "%distributed free empties the CUDA cache on every rank and says what it freed", 120, needs="item 9: %distributed free"),
+    Check(
+        "pool-oom",
+        "a pool cell that runs out of GPU memory is named, and the pool is kept",
+        120,
+        needs="rank/memory_errors.py (the OOM named with rank, device, peak), pool/cuda_fatal.py (the pool kept)",
+    ),
+    Check(
+        "device-assert",
+        "a device-side assert ends the worker, names the rank and says %distributed restart",
+        120,
+        needs="pool/cuda_fatal.py: a dead CUDA context ends the worker, with %distributed restart",
+    ),
+    Check(
+        "distributed-free",
+        "%distributed free empties the CUDA cache on every rank and says what it freed",
+        120,
+        needs="rank/worker_calls.py free_memory, notebook/worker_tables.py (what free says)",
+    ),
     Check("no-gpu-process-after-stop", "no process is left on the GPU after the pool stops", 90),
     Check(
         "gpu-use-sampled",
@@ -69,8 +87,18 @@ CHECKS = [
         90,
     ),
     Check("peer-failure-cuda-one-shot", "a peer failing while rank 0 waits in a CUDA kernel ends the launch with the peer's error", 120),
-    Check("peer-failure-cuda-pool", "the same in a pool: RankFailedError, not KeyboardInterrupt", 120, needs="item 4: pool peer failure error"),
-    Check("gpu-result-4gib", "a 4 GiB GPU result comes back: time and the kernel's peak memory", 180, needs="item 10: results without copies (for the peak)"),
+    Check(
+        "peer-failure-cuda-pool",
+        "the same in a pool: RankFailedError, not KeyboardInterrupt",
+        120,
+        needs="pool/policies.py Task and raise_stuck_error: a peer failure reads as that failure, never as an interrupt",
+    ),
+    Check(
+        "gpu-result-4gib",
+        "a 4 GiB GPU result comes back: time and the kernel's peak memory",
+        180,
+        needs="wire/shm.py and wire/events.py: a GPU result moved to the CPU into memfds, no copy in the kernel",
+    ),
     Check("launch-vs-torchrun", "launch and NCCL-init time of one rank against torchrun on the same GPU", 240),
     Check("nccl-all-reduce-two-gpus", "NCCL across two GPUs (all_reduce)", 180, gpus=2),
     Check("status-names-physical-gpu", "status shows the physical GPU for --gpus 1", 120, gpus=2),
