@@ -29,6 +29,7 @@ from nbaccel.launch.starters import fork_server
 from nbaccel.state.default_group import default_backend
 from nbaccel.testing import CollectingSink, device_root
 from tests.devices.fakes import fake_drm_tree, fake_kfd_tree, write_kfd_process
+from tests.handshake import MarkWhen, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,10 +149,9 @@ def test_a_kernel_that_initialised_hip_or_level_zero_launches_from_the_fork_serv
     assert len(said) == 1 and ("holds /dev/kfd open" if runtime == "hip" else "holds a GPU's render node open") in said[0]
 
 
-def hold_amd_memory(proc_folder: str) -> int:
-    """A rank that writes its own KFD file (as the driver would list it) and waits for two samples."""
-    import time
-
+def hold_amd_memory(proc_folder: str, sampled: str) -> int:
+    """A rank that writes its own KFD file (as the driver would list it) and holds it until the
+    kernel's sink saw every rank's GPU memory in a sample (``sampled``)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
@@ -160,9 +160,12 @@ def hold_amd_memory(proc_folder: str) -> int:
     mine.mkdir()
     (mine / f"vram_{2000 + rank}").write_text(f"{(rank + 1) * 2**30}\n")
     dist.barrier()
-    time.sleep(2.5)  # two samples, at 1 s and 2 s
-    dist.barrier()
+    wait_for(sampled)
     return rank
+
+
+def _every_rank_sampled_with_gpu_memory(sink: CollectingSink) -> bool:
+    return all(any(e.get("type") == "resources" and e.get("gpu_mem") == (rank + 1) * 2**30 for e in sink.events.get(rank, [])) for rank in (0, 1))
 
 
 @pytest.mark.slow
@@ -178,8 +181,10 @@ def test_a_real_launch_samples_each_amd_rank_s_gpu_memory_from_kfd(amd_box: Path
 
     monkeypatch.setattr(LocalRankGroup, "start", classmethod(start_on_amd))
     (amd_box / "sys/class/drm/renderD129/device/gpu_busy_percent").write_text("64\n")
-    sink = CollectingSink()
-    assert nbaccel.notebook_launcher(hold_amd_memory, args=(str(amd_box / "sys/class/kfd/kfd/proc"),), num_processes=2, cpu=True, output=sink) == [0, 1]
+    sampled = str(amd_box / "sampled")
+    sink = MarkWhen(sampled, _every_rank_sampled_with_gpu_memory)
+    proc = str(amd_box / "sys/class/kfd/kfd/proc")
+    assert nbaccel.notebook_launcher(hold_amd_memory, args=(proc, sampled), num_processes=2, cpu=True, output=sink) == [0, 1]
     for rank in (0, 1):
         listed = [e for e in sink.events[rank] if e["type"] == "resources" and e.get("gpu_mem")]
         assert listed, sink.events[rank]
