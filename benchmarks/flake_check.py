@@ -49,6 +49,10 @@ TESTS = [
     "tests/agent/test_pool_across_nodes.py::test_an_interrupted_task_leaves_the_pool_alive",
     "tests/agent/test_launch_across_nodes.py::test_an_interrupt_stops_every_node_and_the_next_launch_works",
     "tests/test_leak_check.py::test_the_autouse_check_fails_a_leaking_test_and_passes_a_clean_one",
+    "tests/launch/test_vendor_plans.py::test_a_real_launch_samples_each_amd_rank_s_gpu_memory_from_kfd",
+    "tests/output/test_text_figures.py::test_a_real_launch_in_text_mode_ends_with_each_ranks_peak_and_cpu_time",
+    "tests/output/test_text_figures.py::test_a_pools_cells_end_with_figures_and_its_housekeeping_without",
+    "tests/launch/test_stacks.py::test_a_stall_shows_each_ranks_stack_once_and_stops_nothing",
 ]
 RUNS_VARIABLE, REPORT_VARIABLE = "FLAKE_CHECK_RUNS", "FLAKE_CHECK_REPORT"
 _RUN_ID = re.compile(r"(?<=\[)run\d+-|-?run\d+(?=\])")  # this plugin's parameter, first or alone
