@@ -227,7 +227,16 @@ def test_fork_data_importers_are_the_known_ones() -> None:
 # only the function a starter runs in the new process, as a Job or a process's main (as
 # launch/starters/fork.py takes run_rank). Data that crosses the fork lives in wire/ (Job,
 # RankCall and RankCode calls, the stack files, a sharded pull's layout, the exit timeout).
-STARTING_SIDE = ("nbaccel.notebook", "nbaccel.launcher", "nbaccel.testing", "nbaccel.cluster", "nbaccel.agent", "nbaccel.pool", "nbaccel.output", "nbaccel.launch")
+STARTING_SIDE = (
+    "nbaccel.notebook",
+    "nbaccel.launcher",
+    "nbaccel.testing",
+    "nbaccel.cluster",
+    "nbaccel.agent",
+    "nbaccel.pool",
+    "nbaccel.output",
+    "nbaccel.launch",
+)
 ENTRY_POINTS: dict[str, frozenset[str]] = {
     "nbaccel.rank.serve": frozenset({"serve"}),  # a persistent worker's Job (pool/pool.py)
     "nbaccel.rank.bootstrap": frozenset({"run_rank", "prepare_environment"}),  # a forked rank's main, its environment made before the fork

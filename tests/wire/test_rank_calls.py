@@ -3,6 +3,9 @@
 A ``RankCode`` names its function as a string (the kernel never imports the rank's module), so a
 renamed function or a field the function does not take would only fail on a rank, mid-task. This
 walks every ``RankCode`` subclass in nbaccel and checks the name and the keywords here.
+
+Imports internals (wire.rank_calls): the contract between the kernel's data and the rank's code is
+internal by nature; no public call shows a drift before a rank runs it.
 """
 
 from __future__ import annotations
