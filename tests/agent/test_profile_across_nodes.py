@@ -19,6 +19,7 @@ import pytest
 from nbaccel import Cluster, notebook_launcher
 from nbaccel.testing import CollectingSink, scaled, skewed_clock_environment
 from tests.agent.harness import start_agents, stop_agents
+from tests.handshake import MarkWhen, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,17 +58,22 @@ def test_a_profiled_launch_across_two_agents_merges_every_ranks_trace_and_names_
     assert "rank 1 spent" in capsys.readouterr().out
 
 
-def _spin(seconds: float = 2.5) -> int:
-    import time
-
+def _hold_until_sampled(sampled: str) -> int:
+    """Hold 64 MiB until the kernel's sink saw every rank's sample showing it (asleep meanwhile:
+    four spinning ranks on two cores would starve the agents' heartbeats)."""
     held = bytearray(b"x" * (64 * 2**20))
-    time.sleep(seconds)  # four spinning ranks on two cores would starve the agents' heartbeats
+    wait_for(sampled, timeout=scaled(60))
     return len(held) + int(os.environ["RANK"])
 
 
-def test_each_agent_samples_its_own_ranks_and_sends_the_samples_over_its_link(two_nodes: Cluster) -> None:
-    sink = CollectingSink()
-    notebook_launcher(_spin, cluster=two_nodes, output=sink)
+def _every_rank_sampled_holding(sink: CollectingSink) -> bool:
+    return all(any(e["type"] == "resources" and e["rss"] >= 64 * 2**20 for e in sink.events.get(rank, [])) for rank in range(4))
+
+
+def test_each_agent_samples_its_own_ranks_and_sends_the_samples_over_its_link(two_nodes: Cluster, tmp_path: Path) -> None:
+    sampled = str(tmp_path / "sampled")
+    sink = MarkWhen(sampled, _every_rank_sampled_holding)
+    notebook_launcher(_hold_until_sampled, (sampled,), cluster=two_nodes, output=sink)
     for rank in range(4):
         samples = [e for e in sink.events.get(rank, []) if e["type"] == "resources"]
         assert samples, (rank, sink.events.get(rank))
