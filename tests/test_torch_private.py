@@ -32,9 +32,11 @@ CONVENTIONAL = frozenset({"torch", "dist", "c10d", "distributed_c10d", "torch_cu
 KNOWN: dict[tuple[str, str], str] = {
     ("rank/collective_count.py", "_get_sequence_number_for_group"): (
         "torch keeps each group's count of collectives (its sequence number, which DDP's C++ reducer advances "
-        "too) and has no public reader for it in torch 2.13 (torch.distributed exposes only get_pg_count; the "
-        "flight recorder, whose dump is private too, runs on NCCL only); counting in Python by wrapping the public "
-        "collectives would miss those the C++ reducer issues; read through getattr with a fallback to no count "
+        "too) and has no public reader for it in torch 2.13: torch.distributed exposes get_pg_count (groups, not "
+        "collectives); torch.distributed.debug.start_debug_server, which collects flight-recorder dumps, is an "
+        "experimental HTTP server on every rank that needs aiohttp and Jinja2 and says it is not secure; counting in "
+        "Python by wrapping the public collectives would miss those DDP's C++ reducer issues. Read through getattr with "
+        "a fallback to no count "
         "(the summary and the pool's in-step check then go without it), never fatal"
     ),
     ("wire/events.py", "torch._dynamo"): (
