@@ -54,6 +54,7 @@ TESTS = [
     "tests/output/test_text_figures.py::test_a_pools_cells_end_with_figures_and_its_housekeeping_without",
     "tests/launch/test_stacks.py::test_a_stall_shows_each_ranks_stack_once_and_stops_nothing",
     "tests/agent/test_profile_across_nodes.py::test_each_agent_samples_its_own_ranks_and_sends_the_samples_over_its_link",
+    "tests/browser/test_extension.py::test_status_item_follows_the_workers_and_its_stop_button_stops_them",
 ]
 RUNS_VARIABLE, REPORT_VARIABLE = "FLAKE_CHECK_RUNS", "FLAKE_CHECK_REPORT"
 _RUN_ID = re.compile(r"(?<=\[)run\d+-|-?run\d+(?=\])")  # this plugin's parameter, first or alone

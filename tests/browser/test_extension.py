@@ -173,10 +173,11 @@ def _status(page: sync_api.Page, pattern: str) -> str:
 
 
 def test_status_item_follows_the_workers_and_its_stop_button_stops_them(lab: Lab, browser: sync_api.Browser, shots: Path) -> None:
+    seen_busy = lab.root / "seen-busy"  # the test makes it once the browser showed the busy cell: no "long enough"
     cells = [
         "%load_ext nbaccel",
         "%distributed start -n 2",
-        "%%distributed\nimport time\ntime.sleep(4)",
+        f"%%distributed\nimport os, time\nwhile not os.path.exists({str(seen_busy)!r}):\n    time.sleep(0.05)",
         "%distributed stop",
         "%%distributed\nimport time\ntime.sleep(60)",
     ]
@@ -195,6 +196,7 @@ def test_status_item_follows_the_workers_and_its_stop_button_stops_them(lab: Lab
         _run_cell(page, 2)
         busy = _status(page, r"^nbaccel: 2 ranks busy \(cell \[3\], 0:0\d\)$")
         page.screenshot(path=str(shots / "status-busy.png"))
+        seen_busy.touch()
         assert _status(page, "^nbaccel: 2 ranks idle$"), busy
         _run_cell(page, 3)
         assert _status(page, "^nbaccel: no workers$")
