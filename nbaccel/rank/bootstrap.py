@@ -52,7 +52,8 @@ def run_rank(
     A job given as bytes (nbaccel.wire.job_pickle: spawn, the fork server) is loaded once the
     rank's device is pinned, so captured CUDA tensors land on the rank's own GPU. ``prepared``
     (``prepare_environment(env)``, made by the parent just before the fork) sets the
-    environment in two assignments instead of one ``putenv`` per variable.
+    environment in two assignments instead of one ``putenv`` per variable, and may carry what
+    else the parent made for this rank (its stack dump file, its CPU threads).
     """
     exit_code = _EXIT_SETUP_FAILED
     modules_at_start = heavy_imports.present()
@@ -62,11 +63,11 @@ def run_rank(
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
         _set_environment(env, prepared)
-        stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
+        stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE), prepared.stack_fd if prepared is not None else None)
         _forget_kernel_state()
         exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
         _pin_device(env)
-        cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")))
+        cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")), *((prepared.threads, bool(env.get(cpu_threads.ONE_THREAD_VARIABLE))) if prepared is not None else ()))
         accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
@@ -151,6 +152,11 @@ class PreparedEnvironment(NamedTuple):
 
     data: dict[bytes, bytes]  # os.environ._data once updated
     block: Any  # a NULL-terminated ctypes array of "KEY=VALUE" (it keeps the bytes alive)
+    # Decided in the parent: the OMP_NUM_THREADS put in the block (0: the rank keeps its own;
+    # None: the rank decides, see cpu_threads.share_cores) ...
+    threads: int | None = None
+    # ... and the rank's stack dump file, opened there (stack_dump.open_for_rank; None: the rank opens it).
+    stack_fd: int | None = None
 
 
 _FS_ENCODING = sys.getfilesystemencoding()
