@@ -220,19 +220,35 @@ def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None =
 
 def _forget_kernel_state() -> None:
     """Drop process state a fork copied from the kernel (a notebook PartialState, say)."""
-    if any(name in sys.modules for name in ("nbaccel.state.partial", "nbaccel.state.accelerator", "nbaccel.state.gradient")):
+    # Only a state the kernel holds is reset: assigning a class attribute (even None over None)
+    # invalidates the type caches of the class and its subclasses, pages a rank would copy.
+    if any(_holds(*state) for state in _KERNEL_STATES):
         from nbaccel.state import reset_all_states
 
         reset_all_states()
     acc_state = sys.modules.get("accelerate.state")
     if acc_state is not None:
         try:
-            acc_state.AcceleratorState._reset_state(True)
-            acc_state.GradientState._reset_state()
+            if any(getattr(acc_state, name)._shared_state for name in ("AcceleratorState", "PartialState", "GradientState")):
+                acc_state.AcceleratorState._reset_state(True)
+                acc_state.GradientState._reset_state()
         except Exception:  # noqa: BLE001 - best effort: only older/newer Accelerate lacks these
             pass
     # torch's cached device count needs no reset: torch (>= 2.1) caches it only once CUDA is
     # initialised, and a process with CUDA initialised is never forked (launch/preflight.py).
+
+
+# (module, class, attribute): where nbaccel's state API keeps what a kernel set up; None when nothing.
+_KERNEL_STATES = (
+    ("nbaccel.state.partial", "PartialState", "_shared"),
+    ("nbaccel.state.accelerator", "AcceleratorState", "_config"),
+    ("nbaccel.state.gradient", "GradientState", "_shared"),
+)
+
+
+def _holds(module_name: str, class_name: str, attribute: str) -> bool:
+    module = sys.modules.get(module_name)
+    return module is not None and getattr(getattr(module, class_name, None), attribute, None) is not None
 
 
 def _pin_device(env: dict[str, str]) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import struct
 import sys
 from typing import Any
@@ -41,7 +42,7 @@ def install(channel_fd: int) -> None:
     Plain text needs no hook: it flows through the stdout/stderr pipes.
     """
     _state["fd"] = channel_fd
-    events.send_bytes(channel_fd, events.Kind.RICH, started_payload(os.getpid()))
+    _send_started(channel_fd, os.getpid())
     when_imported("comm", _silence_comms)
     when_imported("IPython", _publish_displays)
     when_imported("matplotlib_inline.backend_inline", _integrate_inline_figures)
@@ -59,6 +60,9 @@ def prepare() -> None:
     """
     try:
         rank_progress.prepare()
+        # The shell's publisher, which a rank replaces: held, so the rank frees nothing of it.
+        shell_class = getattr(sys.modules.get("IPython"), "InteractiveShell", None)
+        _state["kept"] = shell_class.instance().display_pub if shell_class is not None and shell_class.initialized() else None
     except Exception:  # noqa: BLE001 - a fork must never fail for this; the rank builds them itself
         pass
 
@@ -91,6 +95,22 @@ def started_payload(pid: int) -> bytes:
         return events.dumps(rich.started_event(pid))
     head, tail = _STARTED
     return head + pickle.BININT + struct.pack("<i", pid) + tail
+
+
+# The whole started frame (header included) around the pid: its length is the same for every pid.
+_STARTED_FRAME = (events.encode_header(events.Kind.RICH, len(_STARTED[0]) + len(_PID_FIELD) + len(_STARTED[1])) + _STARTED[0] + pickle.BININT, _STARTED[1]) if _STARTED else None
+
+
+def _send_started(channel_fd: int, pid: int) -> None:
+    """The started event, as ``events.send_bytes`` sends it: a frame of fewer than ``PIPE_BUF``
+    bytes is written whole by one ``write`` (no interrupt can split it, and no other thread of a
+    starting rank sends), so its lock and signal mask, whose code a fresh rank copied, are skipped."""
+    if _STARTED_FRAME is None or not 0 <= pid < 2**31 or len(_STARTED_FRAME[0]) + len(_STARTED_FRAME[1]) + 4 > select.PIPE_BUF:
+        events.send_bytes(channel_fd, events.Kind.RICH, started_payload(pid))
+        return
+    frame = b"".join((_STARTED_FRAME[0], pid.to_bytes(4, "little", signed=True), _STARTED_FRAME[1]))
+    if os.write(channel_fd, frame) != len(frame):  # not on a blocking pipe; a broken stream otherwise
+        raise OSError(f"the started event was written in part ({len(frame)} bytes): the channel is not a pipe")
 
 
 def finish() -> None:
