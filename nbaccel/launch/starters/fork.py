@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 from nbaccel.launch.processes import RankProcess
@@ -39,11 +40,7 @@ class ForkStarter:
             env = {**env, ONE_THREAD_VARIABLE: "1"}
         prepared = _prepare(env)  # here, not in the child: see PreparedEnvironment
         try:
-            with warnings.catch_warnings():
-                # Python 3.12+ warns that forking a threaded process may deadlock the child. The rank
-                # only touches fork-safe state before replacing stdio (preflight refuses CUDA).
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+            pid = _fork()
             if pid == 0:
                 run_rank(job, rank, env, ends, close_fds, parent, prepared)
         finally:
@@ -54,6 +51,21 @@ class ForkStarter:
         except OSError:
             pass
         return pid
+
+
+# Python 3.12+ warns that forking a threaded process may deadlock the child. The rank only
+# touches fork-safe state before replacing stdio (preflight refuses CUDA).
+_WARNS_ON_FORK = sys.version_info >= (3, 12)
+
+
+def _fork() -> int:
+    """``os.fork()``, without 3.12's warning about threads; on older Pythons without the
+    ``catch_warnings`` either, whose exit in the child (warnings' filters put back) wrote pages."""
+    if not _WARNS_ON_FORK:
+        return os.fork()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
 
 
 def _prepare(env: dict[str, str]) -> PreparedEnvironment | None:
