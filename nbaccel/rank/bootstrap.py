@@ -67,7 +67,7 @@ def run_rank(
         _forget_kernel_state()
         exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
         _pin_device(env)
-        cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")), *((prepared.threads, bool(env.get(cpu_threads.ONE_THREAD_VARIABLE))) if prepared is not None else ()))
+        _share_cores(env, prepared)
         accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
@@ -249,6 +249,15 @@ _KERNEL_STATES = (
 def _holds(module_name: str, class_name: str, attribute: str) -> bool:
     module = sys.modules.get(module_name)
     return module is not None and getattr(getattr(module, class_name, None), attribute, None) is not None
+
+
+def _share_cores(env: dict[str, str], prepared: PreparedEnvironment | None) -> None:
+    """The rank's CPU threads: as the parent decided them (``prepared``), or decided here."""
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if prepared is None:
+        cpu_threads.share_cores(local_world_size)
+    else:
+        cpu_threads.share_cores(local_world_size, prepared.threads, bool(env.get(cpu_threads.ONE_THREAD_VARIABLE)))
 
 
 def _pin_device(env: dict[str, str]) -> None:

@@ -97,8 +97,17 @@ def started_payload(pid: int) -> bytes:
     return head + pickle.BININT + struct.pack("<i", pid) + tail
 
 
-# The whole started frame (header included) around the pid: its length is the same for every pid.
-_STARTED_FRAME = (events.encode_header(events.Kind.RICH, len(_STARTED[0]) + len(_PID_FIELD) + len(_STARTED[1])) + _STARTED[0] + pickle.BININT, _STARTED[1]) if _STARTED else None
+def _started_frame() -> tuple[bytes, bytes] | None:
+    """The whole started frame (its header included) split around the pid's 4 bytes: its
+    length is the same for every pid."""
+    if _STARTED is None:
+        return None
+    head, tail = _STARTED
+    header = events.encode_header(events.Kind.RICH, len(head) + len(_PID_FIELD) + len(tail))
+    return header + head + pickle.BININT, tail
+
+
+_STARTED_FRAME = _started_frame()
 
 
 def _send_started(channel_fd: int, pid: int) -> None:

@@ -142,7 +142,7 @@ def prepare() -> None:
         >>> prepare(); _prepared["main"].authkey == multiprocessing.current_process().authkey
         True
     """
-    process = sys.modules.get("multiprocessing.process")
+    process: Any = sys.modules.get("multiprocessing.process")  # private names: typed Any
     kernel_side = getattr(process, "_current_process", None)
     if kernel_side is None or type(kernel_side).__name__ != "_MainProcess":
         _prepared.clear()
