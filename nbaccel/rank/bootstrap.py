@@ -61,7 +61,7 @@ def run_rank(
         _detach_from_kernel(parent_pid, close_fds)
         _name_process(job, rank, env)
         redirect_stdio(ends.stdout, ends.stderr)
-        faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
+        faulthandler.enable(file=2, all_threads=True)  # a segfault leaves a Python stack (fd 2: sys.stderr's, without its flush)
         _set_environment(env, prepared)
         stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE), prepared.stack_fd if prepared is not None else None)
         _forget_kernel_state()
@@ -157,6 +157,7 @@ class PreparedEnvironment(NamedTuple):
     threads: int | None = None
     # ... and the rank's stack dump file, opened there (stack_dump.open_for_rank; None: the rank opens it).
     stack_fd: int | None = None
+    address: int = 0  # the block's, taken in the parent: ctypes.addressof in the child copied ~10 pages
 
 
 _FS_ENCODING = sys.getfilesystemencoding()
@@ -201,7 +202,7 @@ def _environment_block(env: dict[str, str]) -> PreparedEnvironment:
         data[encoded_key] = encoded_value
         entries[encoded_key] = encoded_key + b"=" + encoded_value
     block = (ctypes.c_char_p * (len(entries) + 1))(*entries.values(), None)
-    return PreparedEnvironment(data, block)
+    return PreparedEnvironment(data, block, address=ctypes.addressof(block))
 
 
 def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None = None) -> None:
@@ -209,7 +210,7 @@ def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None =
     ``os.environ[key] = value`` does, the C environment first, without the mapping machinery
     of ``MutableMapping.update`` (whose code and objects a fresh rank would copy)."""
     if prepared is not None and _ENVIRON is not None:
-        _ENVIRON.value = ctypes.addressof(prepared.block)
+        _ENVIRON.value = prepared.address or ctypes.addressof(prepared.block)
         os.environ._data = prepared.data  # type: ignore[attr-defined]
         return
     data, encode_key, encode_value = os.environ._data, os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
