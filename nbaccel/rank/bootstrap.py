@@ -59,7 +59,10 @@ def run_rank(
     modules_at_start = heavy_imports.present()
     try:
         _detach_from_kernel(parent_pid, close_fds)
-        _name_process(job, rank, env)
+        if prepared is not None and prepared.title is not None:
+            process_title.set_encoded(prepared.title)
+        else:
+            _name_process(job, rank, env)
         redirect_stdio(ends.stdout, ends.stderr)
         faulthandler.enable(file=2, all_threads=True)  # a segfault leaves a Python stack (fd 2: sys.stderr's, without its flush)
         _set_environment(env, prepared)
@@ -135,13 +138,24 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
 
 
 def _name_process(job: Job | bytes, rank: int, env: dict[str, str]) -> None:
-    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi (``process_title.rank_title``'s
-    words, made here: every function a fresh rank runs copies its code's page). A job still in
-    bytes is named again once loaded; one passed its pipe ends is nbaccel's own loop (a
-    worker's, a node's job by value), which names the process itself."""
+    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi. A job still in bytes is named
+    again once loaded; one passed its pipe ends is nbaccel's own loop (a worker's, a node's job
+    by value), which names the process itself."""
+    process_title.set_title(*rank_names(job, rank, env))
+
+
+def rank_names(job: Job | bytes, rank: int, env: dict[str, str]) -> tuple[str, str]:
+    """The title and comm of ``rank`` running ``job`` (``process_title.rank_title``'s words, made
+    here: every function a fresh rank runs copies its code's page; a fork starter encodes them
+    in the parent, before the fork).
+
+    Example:
+        >>> rank_names(b"", 1, {"WORLD_SIZE": "4"})
+        ('nbaccel rank 1/4', 'nbaccel-r1/4')
+    """
     label = None if isinstance(job, bytes) or job.pass_ends else job.label or process_title.job_label(job.function)
     world = env.get("WORLD_SIZE", "1")
-    process_title.set_title(f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}")
+    return f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}"
 
 
 class PreparedEnvironment(NamedTuple):
@@ -158,6 +172,7 @@ class PreparedEnvironment(NamedTuple):
     # ... and the rank's stack dump file, opened there (stack_dump.open_for_rank; None: the rank opens it).
     stack_fd: int | None = None
     address: int = 0  # the block's, taken in the parent: ctypes.addressof in the child copied ~10 pages
+    title: tuple[bytes, bytes] | None = None  # process_title.encode_title's (None: the rank names itself)
 
 
 _FS_ENCODING = sys.getfilesystemencoding()

@@ -50,7 +50,11 @@ def become_rank() -> None:
     quiet one for display(), and IPython's shell sets ``sys.ps1`` itself when it is made.
     """
     _forget_shell()
-    when_imported("IPython", _after_ipython)  # now if the kernel imported it; else at import
+    ipython = sys.modules.get("IPython")
+    if ipython is not None:  # imported in the kernel: no shell was made since, nothing to forget again
+        _silence_get_ipython(ipython)
+    else:
+        when_imported("IPython", _after_ipython)  # at import
     if _found["flagged"]:
         correct_lightning_flags(_found["flagged"])
 

@@ -20,6 +20,7 @@ from nbaccel.rank import display_hooks, exit_hooks, stack_dump
 from nbaccel.rank.cpu_threads import OMP_NUM_THREADS, ONE_THREAD_VARIABLE, planned_threads, threads_per_rank
 from nbaccel.state import reset_all_states
 from nbaccel.wire import events
+from nbaccel.wire.job import Job
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,11 +39,12 @@ def test_the_fork_starter_puts_the_threads_in_the_block_and_opens_the_stack_file
     monkeypatch.delenv(OMP_NUM_THREADS, raising=False)
     monkeypatch.delenv(ONE_THREAD_VARIABLE, raising=False)
     path = os.path.join(tmp_path, "rank0")
-    prepared = _prepare({"LOCAL_WORLD_SIZE": "1", stack_dump.STACK_FILE_VARIABLE: path})
+    prepared = _prepare(Job(print), 0, {"LOCAL_WORLD_SIZE": "1", stack_dump.STACK_FILE_VARIABLE: path})
     if prepared is None:
         pytest.skip("this libc's environ cannot be replaced: the rank sets each variable itself")
     try:
         assert prepared.threads == threads_per_rank(1)
+        assert prepared.title is not None and prepared.title[1] == b"nbaccel-r0/1"
         assert prepared.data[OMP_NUM_THREADS.encode()] == str(threads_per_rank(1)).encode()
         assert prepared.stack_fd is not None
         os.write(prepared.stack_fd, b"dump\n")

@@ -7,8 +7,8 @@ import sys
 import warnings
 
 from nbaccel.launch.processes import RankProcess
-from nbaccel.rank import stack_dump
-from nbaccel.rank.bootstrap import PreparedEnvironment, prepare_environment, run_rank
+from nbaccel.rank import process_title, stack_dump
+from nbaccel.rank.bootstrap import PreparedEnvironment, prepare_environment, rank_names, run_rank
 from nbaccel.rank.cpu_threads import OMP_NUM_THREADS, ONE_THREAD_VARIABLE, planned_threads
 from nbaccel.wire.job import ChildEnds, Job
 
@@ -38,7 +38,7 @@ class ForkStarter:
         parent = os.getpid()
         if self.one_thread:
             env = {**env, ONE_THREAD_VARIABLE: "1"}
-        prepared = _prepare(env)  # here, not in the child: see PreparedEnvironment
+        prepared = _prepare(job, rank, env)  # here, not in the child: see PreparedEnvironment
         try:
             pid = _fork()
             if pid == 0:
@@ -68,9 +68,9 @@ def _fork() -> int:
         return os.fork()
 
 
-def _prepare(env: dict[str, str]) -> PreparedEnvironment | None:
+def _prepare(job: Job, rank: int, env: dict[str, str]) -> PreparedEnvironment | None:
     """What the rank would otherwise make itself, writing the kernel's pages: its environment as
-    one block (with the CPU threads nbaccel gives it) and its stack dump file, open."""
+    one block (with the CPU threads nbaccel gives it), its stack dump file, open, and its name."""
     threads = planned_threads(env)
     prepared = prepare_environment(env if threads is None else {**env, OMP_NUM_THREADS: str(threads)})
     if prepared is None:
@@ -80,4 +80,5 @@ def _prepare(env: dict[str, str]) -> PreparedEnvironment | None:
         stack_fd = stack_dump.open_for_rank(path) if path else None
     except OSError:
         stack_fd = None  # the rank opens it, and fails there as it did
-    return prepared._replace(threads=threads or 0, stack_fd=stack_fd)
+    title = process_title.encode_title(*rank_names(job, rank, env))
+    return prepared._replace(threads=threads or 0, stack_fd=stack_fd, title=title)
