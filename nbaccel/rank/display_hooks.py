@@ -60,9 +60,12 @@ def prepare() -> None:
     """
     try:
         rank_progress.prepare()
-        # The shell's publisher, which a rank replaces: held, so the rank frees nothing of it.
+        # The shell (found here: traitlets' lookup is code a rank would copy), and what a rank
+        # replaces, held so that the rank frees nothing: the shell's publisher, comm's factory.
         shell_class = getattr(sys.modules.get("IPython"), "InteractiveShell", None)
-        _state["kept"] = shell_class.instance().display_pub if shell_class is not None and shell_class.initialized() else None
+        shell = shell_class.instance() if shell_class is not None and shell_class.initialized() else None
+        _state["shell"] = shell
+        _state["kept"] = (getattr(shell, "display_pub", None), getattr(sys.modules.get("comm"), "create_comm", None))
     except Exception:  # noqa: BLE001 - a fork must never fail for this; the rank builds them itself
         pass
 
@@ -152,11 +155,14 @@ def _create_dummy_comm(*args: Any, **kwargs: Any) -> Any:
 def _publish_displays(ipython_module: Any) -> None:
     # The package's own name for the class: an import statement costs a fresh fork ~50 µs.
     shell_class = ipython_module.InteractiveShell
-    if not shell_class.initialized():
-        _start_quiet_shell(shell_class)
+    shell = _state.get("shell")  # the kernel's, found before the fork
+    if shell is None:
+        if not shell_class.initialized():
+            _start_quiet_shell(shell_class)
+        shell = shell_class.instance()
     # A plain attribute of the shell (not a trait), so any object with the publisher's methods
     # will do: IPython.display's display(), update_display() and clear_output() call only these.
-    shell_class.instance().display_pub = _PUBLISHER
+    shell.display_pub = _PUBLISHER
 
 
 def _integrate_inline_figures(backend_inline: Any) -> None:

@@ -39,10 +39,21 @@ def install(path: str | None, fd: int | None = None) -> None:
     _dump_fd = fd if fd is not None else open_for_rank(path, _OUTERMOST_AT_FORK or _outermost_frame_line().encode())
     faulthandler.register(STACK_SIGNAL, file=_dump_fd, all_threads=True, chain=False)
     collective_count.start_answering(path)  # the count of collectives, which no dump can show
-    if os.environ.get(flight_recorder.BUFFER_VARIABLE, "0") not in ("", "0"):
+    if _environment_value(flight_recorder.BUFFER_VARIABLE) not in ("", "0"):
         # Before any process group exists: NCCL's watchdog reads these when it starts.
         for name, value in flight_recorder.recorder_paths(path).items():
             os.environ.setdefault(name, value)
+
+
+def _environment_value(name: str) -> str:
+    """``os.environ.get(name, "0")``, from its own dict where it has one: the mapping's ``get``
+    raises and catches a KeyError for a name that is not set, machinery a fresh rank copied
+    (~20 pages)."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict) or os.name != "posix":
+        return os.environ.get(name, "0")
+    value = data.get(name.encode())
+    return "0" if value is None else os.fsdecode(value)
 
 
 def open_for_rank(path: str, last_line: bytes | None = None) -> int:

@@ -114,3 +114,13 @@ def test_a_state_the_kernel_made_is_forgotten_in_the_ranks() -> None:
         assert nbaccel.notebook_launcher(processes_in_state, num_processes=2, output="text", timeout=30) == [2, 2]
     finally:
         reset_all_states()
+
+
+def test_the_stack_dump_reads_the_environment_as_os_environ_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "NBACCEL_TEST_PREPARED_VALUE"
+    monkeypatch.delenv(name, raising=False)
+    assert stack_dump._environment_value(name) == "0"
+    monkeypatch.setenv(name, "")
+    assert stack_dump._environment_value(name) == ""
+    monkeypatch.setenv(name, "2000")
+    assert stack_dump._environment_value(name) == os.environ.get(name) == "2000"
