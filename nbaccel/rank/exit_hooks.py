@@ -105,7 +105,9 @@ def _run_after_forkers(util: Any) -> None:
     registry's own iteration (a WeakValueDictionary's guards and generators) wrote ~20 pages."""
     registry = util._afterfork_registry.data
     items = _prepared.get("after_forkers")
-    if items is None or len(items) != len(registry):  # registered since (another thread): as multiprocessing does
+    # Registered or dropped since (another thread, between the prepare and the fork): the registry
+    # itself, as multiprocessing does. Keys are made from a counter: a newer one is the last key.
+    if items is None or len(items) != len(registry) or (items and next(reversed(registry)) != items[-1][0]):
         util._run_after_forkers()
         return
     for (_, _, func), ref in items:
