@@ -75,7 +75,8 @@ def _unregister(func: Callable[..., Any], /) -> None:
 def _started_by_multiprocessing(parent_pid: int) -> bool:
     """True when multiprocessing itself forked this process from ``parent_pid``, so its after-fork
     hooks already ran."""
-    current = sys.modules["multiprocessing"].current_process()
+    # current_process()'s own variable: the call would be code a fresh rank copies.
+    current = getattr(sys.modules.get("multiprocessing.process"), "_current_process", None)
     return getattr(current, "_parent_pid", None) == parent_pid
 
 
