@@ -239,7 +239,8 @@ STARTING_SIDE = (
 )
 ENTRY_POINTS: dict[str, frozenset[str]] = {
     "nbaccel.rank.serve": frozenset({"serve"}),  # a persistent worker's Job (pool/pool.py)
-    "nbaccel.rank.bootstrap": frozenset({"run_rank", "prepare_environment"}),  # a forked rank's main, its environment made before the fork
+    # a forked rank's main, and what the fork starter prepares for it in the parent, before the fork
+    "nbaccel.rank.bootstrap": frozenset({"run_rank", "prepare_environment", "PreparedEnvironment", "rank_names"}),
     "nbaccel.rank.server_loop": frozenset({"serve"}),  # the fork server process's main
     "nbaccel.rank.agent_entry": frozenset({"remote_job"}),  # the Job of a rank a node agent forks
 }
@@ -249,6 +250,10 @@ ENTRY_POINTS: dict[str, frozenset[str]] = {
 # rank/cpu_threads.py, launch/plan.py, launch/preview.py, launch/starters/fork.py).
 _TITLES = "process_title names every process nbaccel keeps (fork server, agent, rank): to move below both sides, with job_label beside Job in wire/job.py"
 _THREADS = "threads_per_rank and NBACCEL_ONE_CPU_THREAD are what a rank's environment says of its CPU threads: to move to wire/rank_env.py"
+_PREPARED = (
+    "the fork starter prepares a rank's names and its stack dump file in the parent, before the fork (fewer pages a rank "
+    "copies); the rank's own code run there: to be entry points of bootstrap's PreparedEnvironment, or the names in wire/"
+)
 KNOWN_STARTING_SIDE_RANK_IMPORTS: dict[tuple[str, str], str] = {
     ("nbaccel.agent.cli", "nbaccel.rank.process_title"): _TITLES,
     ("nbaccel.agent.node", "nbaccel.rank.process_title"): _TITLES,
@@ -256,6 +261,8 @@ KNOWN_STARTING_SIDE_RANK_IMPORTS: dict[tuple[str, str], str] = {
     ("nbaccel.launch.plan", "nbaccel.rank.cpu_threads"): _THREADS,
     ("nbaccel.launch.preview", "nbaccel.rank.cpu_threads"): _THREADS,
     ("nbaccel.launch.starters.fork", "nbaccel.rank.cpu_threads"): _THREADS,
+    ("nbaccel.launch.starters.fork", "nbaccel.rank.process_title"): _PREPARED,
+    ("nbaccel.launch.starters.fork", "nbaccel.rank.stack_dump"): _PREPARED,
 }
 
 
