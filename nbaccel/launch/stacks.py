@@ -18,11 +18,13 @@ Example:
 from __future__ import annotations
 
 import ast
+import atexit
 import linecache
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -154,10 +156,19 @@ def _thread_blocks(dump: str) -> list[str]:
 
 
 class StackFiles:
-    """A private folder with one dump file per rank; the rank finds its file in its environment."""
+    """A private folder with one dump file per rank; the rank finds its file in its environment.
+
+    The folder is one of this process's ``_Folders``, made once and handed to group after group:
+    a launch pays no ``mkdtemp`` and no removal (half a millisecond, measured by
+    ``benchmarks/launch_bench.py``). What every rank leaves there (its dump, truncated before each
+    request, and its last line, rewritten at its start) has fixed names by rank, so the next
+    group's rank of the same number starts clean. A folder holding anything else (a process
+    group's pipes and answers, NCCL's dumps) is removed instead of handed back.
+    """
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # mode 0700: only this user reads them
+        self.folder = _FOLDERS.take()  # mode 0700: only this user reads them
+        self._closed = False
 
     def path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.txt")
@@ -249,7 +260,62 @@ class StackFiles:
         return done
 
     def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Hand the folder back (the ranks are reaped: nothing writes there any more); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return
+        plain = all(re.fullmatch(r"rank\d+\.txt(\.last)?", name) for name in names)
+        if plain:
+            _FOLDERS.give_back(self.folder)
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Folders:
+    """This process's private stack folders: one parent (``mkdtemp``, mode 0700) made on first use
+    and removed when the process exits, and in it one folder per rank group alive at once (a pool
+    beside a launch), reused by later groups. A forked child that starts groups of its own (a rank
+    launching, a node agent's fork) makes its own parent: the pid is checked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._parent = ""
+        self._free: list[str] = []
+        self._made = 0
+
+    def take(self) -> str:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._start()
+            if self._free:
+                return self._free.pop()
+            self._made += 1
+            folder = os.path.join(self._parent, f"group{self._made}")
+            os.mkdir(folder, 0o700)
+            return folder
+
+    def give_back(self, folder: str) -> None:
+        with self._lock:
+            if self._pid == os.getpid() and os.path.dirname(folder) == self._parent and os.path.isdir(folder):
+                self._free.append(folder)
+
+    def _start(self) -> None:
+        self._pid, self._free, self._made = os.getpid(), [], 0
+        self._parent = tempfile.mkdtemp(prefix="nbaccel-stacks-")
+        atexit.register(_remove_at_exit, self._parent, self._pid)
+
+
+def _remove_at_exit(parent: str, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child that runs atexit handlers leaves its parent's folder alone
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+_FOLDERS = _Folders()
 
 
 def _is_whole(text: str, path: str) -> bool:
