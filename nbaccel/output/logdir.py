@@ -215,12 +215,15 @@ def _recycle(root: Path, keep: int, into: Path) -> int | None:
 
 def _unkept(root: Path, keep: int) -> list[Path]:
     """The launch folders under ``root`` beyond the ``keep`` newest, newest first."""
-    found = []
+    found = []  # os-level calls, not pathlib: this runs at every launch and every cell on workers
     try:
         with os.scandir(root) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False) and os.path.exists(os.path.join(entry.path, _LOCK_NAME)):
-                    found.append((_mtime(Path(entry.path)), entry.path))
+                    try:
+                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
+                    except OSError:  # removed meanwhile by another kernel's prune
+                        continue
     except OSError:
         return []
     found.sort(reverse=True)
@@ -249,13 +252,6 @@ def _take_over(folder: Path, into: Path) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _flock(fd: int) -> None:
