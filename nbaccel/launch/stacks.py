@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from nbaccel.launch.folder_watch import FolderWatch
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.rank import collective_count
 from nbaccel.rank.stack_dump import STACK_FILE_VARIABLE, STACK_SIGNAL, last_line_path
@@ -208,31 +209,38 @@ class StackFiles:
         """'7 collectives issued' (on the default group) for each rank whose answering thread replied in time (a group)."""
         found: dict[int, str] = {}
         pending = set(ranks)
-        while pending and time.monotonic() < deadline:
-            for rank in sorted(pending):
-                path = collective_count.answer_path(self.path(rank))
-                if os.path.exists(path):  # written whole, by rename
-                    pending.discard(rank)
-                    answer = _read(path)
-                    if answer.strip().isdigit():
-                        found[rank] = f"{int(answer)} collective{'' if int(answer) == 1 else 's'} issued"
-            if pending:  # the answers are files another process renames into place: look again soon
-                time.sleep(0.01)
+        with FolderWatch(self.folder) as watch:  # before the first look: an answer after it wakes the wait
+            while pending:
+                for rank in sorted(pending):
+                    path = collective_count.answer_path(self.path(rank))
+                    if os.path.exists(path):  # written whole, by rename
+                        pending.discard(rank)
+                        answer = _read(path)
+                        if answer.strip().isdigit():
+                            found[rank] = f"{int(answer)} collective{'' if int(answer) == 1 else 's'} issued"
+                left = deadline - time.monotonic()
+                if not pending or left <= 0:
+                    break
+                watch.wait(left)
         return found
 
     def _last_collectives(self, ranks: list[int], deadline: float) -> dict[int, str]:
         """Each NCCL rank's newest flight-recorder entry, as its watchdog dumps it (within about a second)."""
         found: dict[int, str] = {}
         pending = set(ranks)
-        while pending and time.monotonic() < deadline:
-            for rank in sorted(pending):
-                dump = flight_recorder.read_dump(flight_recorder.dump_path(self.folder, rank))
-                if dump is not None:
-                    pending.discard(rank)
-                    line = flight_recorder.describe_last(dump)
-                    if line:
-                        found[rank] = line
-            time.sleep(0.02)
+        with FolderWatch(self.folder) as watch:  # the watchdog writes and closes its dump: that wakes the wait
+            while pending:
+                for rank in sorted(pending):
+                    dump = flight_recorder.read_dump(flight_recorder.dump_path(self.folder, rank))
+                    if dump is not None:
+                        pending.discard(rank)
+                        line = flight_recorder.describe_last(dump)
+                        if line:
+                            found[rank] = line
+                left = deadline - time.monotonic()
+                if not pending or left <= 0:
+                    break
+                watch.wait(left)
         return found
 
     def _read_settled(self, pids: dict[int, int], deadline: float) -> dict[int, str]:
