@@ -65,10 +65,13 @@ class Proxy:
                         return
                     if not data:
                         return
-                    for frame in readers[direction].feed(data):
+                    frames = readers[direction].feed(data)
+                    for frame in frames:
                         self.frames[direction][kind_of(frame)].append(frame)
+                    # Whole frames only: a chunk may end inside a frame, and an injection sent
+                    # between its two halves would corrupt the stream (the link then drops).
                     with self._lock:
-                        destination.sendall(data)
+                        destination.sendall(b"".join(frames))
         finally:
             selector.close()
             for sock in (agent, kernel):
