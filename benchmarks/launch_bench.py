@@ -5,7 +5,7 @@ beside a raw ``os.fork`` floor and the anchors measured in the same run:
 torch.multiprocessing's fork (gloo init + all_reduce) and, when installed, Accelerate's
 notebook_launcher. Prints medians and ratios.
 
-    python benchmarks/launch_bench.py [--runs 15] [--ranks 1,2,4,8] [--against DIR [--per-round 3]]
+    python benchmarks/launch_bench.py [--runs 15] [--ranks 1,2,4,8] [--against DIR [--per-round 2]]
 
 ``--against DIR`` (another checkout, e.g. ``git worktree add /tmp/base main``) measures both trees
 in the same run: a kernel each, its tree first on PYTHONPATH, interleaved round by round, and
@@ -36,8 +36,11 @@ import launch_phases
 
 RANKS = __RANKS__  # process counts; on GPUs at most one per GPU
 
-def samples_ms(fn, runs):
-    fn()  # warm-up
+WARM = set()  # figures warmed up already: only a kernel's first round pays their warm-up
+
+def samples_ms(fn, runs, key):
+    if key not in WARM:
+        fn(); WARM.add(key)
     taken = []
     for _ in range(runs):
         t = time.perf_counter(); fn(); taken.append((time.perf_counter() - t) * 1e3)
@@ -80,7 +83,8 @@ def phase_rows(n, runs):
     # Where the milliseconds go: the same trivial launch with timers around its pieces (launch_phases).
     launch_phases.install()
     try:
-        nbaccel.notebook_launcher(launch_phases.traced_trivial, num_processes=n, output=quiet())  # warm-up
+        if ("phases", n) not in WARM:
+            nbaccel.notebook_launcher(launch_phases.traced_trivial, num_processes=n, output=quiet()); WARM.add(("phases", n))
         rows = []
         for _ in range(runs):
             launch_phases.PHASES.clear()
@@ -96,18 +100,18 @@ def bench_round(runs):
     out = {"trivial": {}, "fork_floor": {}, "all_reduce": {}, "mp_all_reduce": {}, "accelerate": {}, "phases": {}}
     for n in RANKS:
         m = runs if n < 8 else max(1, runs // 2)
-        out["fork_floor"][n] = samples_ms(lambda: raw_fork(n), m)
-        out["trivial"][n] = samples_ms(lambda: nbaccel.notebook_launcher(trivial, num_processes=n, output=quiet()), m)
-        out["all_reduce"][n] = samples_ms(lambda: nbaccel.notebook_launcher(gloo_all_reduce, num_processes=n, output=quiet()), m)
+        out["fork_floor"][n] = samples_ms(lambda: raw_fork(n), m, ("floor", n))
+        out["trivial"][n] = samples_ms(lambda: nbaccel.notebook_launcher(trivial, num_processes=n, output=quiet()), m, ("trivial", n))
+        out["all_reduce"][n] = samples_ms(lambda: nbaccel.notebook_launcher(gloo_all_reduce, num_processes=n, output=quiet()), m, ("gloo", n))
         if n > 1:
-            out["mp_all_reduce"][n] = samples_ms(lambda: mp_fork_all_reduce(n), max(1, m // 2))
+            out["mp_all_reduce"][n] = samples_ms(lambda: mp_fork_all_reduce(n), max(1, m // 2), ("mp", n))
     try:
         import accelerate, contextlib, io
         for n in [n for n in RANKS if n in (2, 4)]:
             def acc():
                 with contextlib.redirect_stdout(io.StringIO()):
                     accelerate.notebook_launcher(trivial, num_processes=n, use_port=str(free_port()))
-            out["accelerate"][n] = samples_ms(acc, max(1, runs // 2))
+            out["accelerate"][n] = samples_ms(acc, max(1, runs // 2), ("accelerate", n))
     except ImportError:
         pass
     for n in RANKS:
@@ -167,7 +171,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--ranks", type=rank_counts, default=(1, 2, 4, 8), metavar="1,2,4,8", help="process counts to measure (on GPUs at most one per GPU)")
     parser.add_argument("--against", type=side_by_side.checkout, metavar="DIR", help="another checkout of nbaccel, measured in the same run, round by round")
-    parser.add_argument("--per-round", type=int, default=3, help="with --against: runs of each figure per tree per round")
+    parser.add_argument("--per-round", type=int, default=2, help="with --against: runs of each figure per tree per round")
     args = parser.parse_args()
     checkouts = side_by_side.trees(args.against)
     per_round = args.runs if args.against is None else max(1, args.per_round)
