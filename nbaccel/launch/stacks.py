@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import ast
 import atexit
+import itertools
 import linecache
 import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 
@@ -287,35 +287,34 @@ class _Folders:
     """This process's private stack folders: one parent (``mkdtemp``, mode 0700) made on first use
     and removed when the process exits, and in it one folder per rank group alive at once (a pool
     beside a launch), reused by later groups. A forked child that starts groups of its own (a rank
-    launching, a node agent's fork) makes its own parent: the pid is checked."""
+    launching, a node agent's fork) makes its own parent: the pid is checked. No lock (a fork
+    could copy it held): the list's pop and append and the counter's next are atomic."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._pid = 0
         self._parent = ""
         self._free: list[str] = []
-        self._made = 0
+        self._names = itertools.count(1)
 
     def take(self) -> str:
-        with self._lock:
-            if self._pid != os.getpid():
-                self._start()
-            if self._free:
-                return self._free.pop()
-            self._made += 1
-            folder = os.path.join(self._parent, f"group{self._made}")
+        if self._pid != os.getpid():
+            self._start()
+        try:
+            return self._free.pop()
+        except IndexError:
+            folder = os.path.join(self._parent, f"group{next(self._names)}")
             os.mkdir(folder, 0o700)
             return folder
 
     def give_back(self, folder: str) -> None:
-        with self._lock:
-            if self._pid == os.getpid() and os.path.dirname(folder) == self._parent and os.path.isdir(folder):
-                self._free.append(folder)
+        if self._pid == os.getpid() and os.path.dirname(folder) == self._parent and os.path.isdir(folder):
+            self._free.append(folder)
 
     def _start(self) -> None:
-        self._pid, self._free, self._made = os.getpid(), [], 0
-        self._parent = tempfile.mkdtemp(prefix="nbaccel-stacks-")
-        atexit.register(_remove_at_exit, self._parent, self._pid)
+        parent = tempfile.mkdtemp(prefix="nbaccel-stacks-")
+        atexit.register(_remove_at_exit, parent, os.getpid())
+        self._parent, self._free, self._names = parent, [], itertools.count(1)
+        self._pid = os.getpid()  # last: a thread that sees it sees the parent too
 
 
 def _remove_at_exit(parent: str, pid: int) -> None:
