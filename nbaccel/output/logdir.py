@@ -167,9 +167,7 @@ class RankLogSink:
             self.logs.write(rank, lines)
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        logged = kind == rich.DISPLAY or (kind == rich.PROGRESS and event.get("closed") and event.get("leave", True))
-        text = rich.plain_text(event) if logged else None
+        text = rich.plain_text(event) if logs_event(event) else None
         if text and self.logs is not None:
             self.logs.write(rank, text.splitlines())
 
@@ -185,6 +183,17 @@ class RankLogSink:
 
     def tick(self) -> None:
         pass
+
+
+def logs_event(event: dict[str, Any]) -> bool:
+    """Whether a rank's rich ``event`` goes into its log: a display, or a progress bar that ends and stays.
+
+    Example:
+        >>> logs_event({"type": rich.DISPLAY}), logs_event({"type": rich.STARTED, "pid": 7})
+        (True, False)
+    """
+    kind = event.get("type")
+    return bool(kind == rich.DISPLAY or (kind == rich.PROGRESS and event.get("closed") and event.get("leave", True)))
 
 
 def prune(root: Path, keep: int) -> list[Path]:
