@@ -47,7 +47,8 @@ def kernels(checkouts: dict[str, str], env: dict[str, str]) -> Iterator[dict[str
     with contextlib.ExitStack() as stack:
         running = {}
         for label, tree in checkouts.items():
-            kernel = stack.enter_context(running_kernel(env={**env, "PYTHONPATH": tree}, cwd=tree))
+            path = os.pathsep.join(part for part in (tree, os.environ.get("PYTHONPATH", "")) if part)  # the tree first
+            kernel = stack.enter_context(running_kernel(env={**env, "PYTHONPATH": path}, cwd=tree))
             where = kernel.execute("import nbaccel, os; print(os.path.dirname(os.path.dirname(nbaccel.__file__)))").stdout.strip()
             if os.path.realpath(where) != os.path.realpath(tree):
                 raise SystemExit(f"the {label!r} kernel imported nbaccel from {where!r}, not from {tree!r}: PYTHONPATH did not take")
