@@ -156,7 +156,7 @@ def comparison(new: dict[str, object], old: dict[str, object], ranks: tuple[int,
             rows.append((f"{mode} {n} ranks: local pass", {label: c["local"] for label, c in cells.items()}))  # type: ignore[index]
             for name in ("trivial", "all_reduce"):
                 rows.append((f"{mode} {n} ranks: {name}", {label: c[name] for label, c in cells.items()}))  # type: ignore[index]
-                rows.append((f"  {name} / local pass (x)", {label: c[name] / c["local"] for label, c in cells.items()}))  # type: ignore[index]
+                rows.append((f"  {mode} {n} ranks: {name} / local pass (x)", {label: c[name] / c["local"] for label, c in cells.items()}))  # type: ignore[index]
         rows.append((f"start -n {n}: round trip", {label: tree[f"start {n}"][1] for label, tree in trees.items()}))  # type: ignore[index]
     return rows
 
