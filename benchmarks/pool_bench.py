@@ -37,6 +37,16 @@ LOCAL = "pass"
 TRIVIAL = "%%distributed{opts}\npass"
 ALL_REDUCE = "%%distributed{opts}\nt = torch.ones(1, device=state.device)\ndist.all_reduce(t)"
 POOL_START = "import time as _t; _s = _t.perf_counter(); get_ipython().run_line_magic('distributed', 'start -n {n}'); _took = _t.perf_counter() - _s"
+# The kernel's own share of a cell, as CPU time: the cell run by IPython inside the kernel, many
+# times (no client, no messages), so other processes' load changes it far less than a round trip.
+KERNEL_CPU = """
+import time as _t
+_ip = get_ipython()
+_c = _t.process_time()
+for _ in range({runs}):
+    _ip.run_cell({code!r})
+print((_t.process_time() - _c) / {runs} * 1e3)
+"""
 PROFILE = """
 import cProfile, io, pstats
 _ip = get_ipython()
@@ -87,6 +97,19 @@ def interleaved(kernels: dict[str, Kernel], cells: dict[str, str], runs: int) ->
     return {label: {name: statistics.median(values) * 1e3 for name, values in cells_.items()} for label, cells_ in samples.items()}
 
 
+def kernel_cpu(kernels: dict[str, Kernel], cells: dict[str, str], runs: int) -> dict[str, dict[str, float]]:
+    """Tree -> the kernel's CPU time per cell, in ms, each cell run ``runs`` times inside the kernel
+    (in 10 turns per tree, interleaved as the round trips are)."""
+    turns = 10
+    samples: dict[str, dict[str, list[float]]] = {label: {name: [] for name in cells} for label in kernels}
+    for index in range(turns):
+        for label in side_by_side.turns(index, list(kernels)):
+            for name, code in cells.items():
+                run = kernels[label].execute(KERNEL_CPU.format(runs=max(1, runs // turns), code=code), timeout=600)
+                samples[label][name].append(float(run.stdout.split()[-1]))
+    return {label: {name: statistics.median(values) for name, values in by_cell.items()} for label, by_cell in samples.items()}
+
+
 def start_times(kernels: dict[str, Kernel], n: int, runs: int) -> dict[str, tuple[float, float, float]]:
     """Tree -> (first start, median client round trip, median in-kernel start time), ms, of N workers."""
     first = {}
@@ -116,6 +139,7 @@ def measure(kernels: dict[str, Kernel], runs: int, one_shot_runs: int, ranks: tu
         for kernel in kernels.values():
             round_trip(kernel, f"%distributed start -n {n}")
         keep(f"pool {n}", dict(interleaved(kernels, {"local": LOCAL, "trivial": TRIVIAL.format(opts=""), "all_reduce": ALL_REDUCE.format(opts="")}, runs)))
+        keep(f"kernel cpu {n}", dict(kernel_cpu(kernels, {"local": LOCAL, "trivial": TRIVIAL.format(opts="")}, runs)))
         for kernel in kernels.values():
             round_trip(kernel, "%distributed stop")
         cells = {"local": LOCAL, "trivial": TRIVIAL.format(opts=f" -n {n}"), "all_reduce": ALL_REDUCE.format(opts=f" -n {n}")}
@@ -135,6 +159,10 @@ def report(figures: dict[str, object], runs: int, one_shot_runs: int, ranks: tup
             for name in ("trivial", "all_reduce"):
                 label = f"{'workers' if mode == 'pool' else 'one-shot'} {n} ranks: {name}"
                 print(f"{label:<34} | {cells[name]:8.2f} | {cells[name] / local:12.2f}")
+    for n in ranks:
+        cpu = figures[f"kernel cpu {n}"]
+        assert isinstance(cpu, dict)
+        print(f"the kernel's CPU time per cell, {n} workers: trivial cell {cpu['trivial']:.3f} ms, local pass {cpu['local']:.3f} ms")
     for n in ranks:
         first, trip, inside = figures[f"start {n}"]  # type: ignore[misc]
         print(f"%distributed start -n {n}: first {first:.0f} ms; then median {trip:.1f} ms round trip, {inside:.1f} ms inside the kernel")
@@ -157,6 +185,8 @@ def comparison(new: dict[str, object], old: dict[str, object], ranks: tuple[int,
             for name in ("trivial", "all_reduce"):
                 rows.append((f"{mode} {n} ranks: {name}", {label: c[name] for label, c in cells.items()}))  # type: ignore[index]
                 rows.append((f"  {mode} {n} ranks: {name} / local pass (x)", {label: c[name] / c["local"] for label, c in cells.items()}))  # type: ignore[index]
+        cpu = {label: tree[f"kernel cpu {n}"] for label, tree in trees.items()}
+        rows.append((f"kernel CPU per trivial cell, {n} workers", {label: c["trivial"] for label, c in cpu.items()}))  # type: ignore[index]
         rows.append((f"start -n {n}: round trip", {label: tree[f"start {n}"][1] for label, tree in trees.items()}))  # type: ignore[index]
     return rows
 

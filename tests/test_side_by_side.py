@@ -89,6 +89,7 @@ def test_the_pool_comparison_keeps_each_cell_beside_the_local_pass() -> None:
         "pool 2": {"local": 4.0, "trivial": 6.0, "all_reduce": 8.0},
         "one-shot 2": {"local": 4.0, "trivial": 40.0, "all_reduce": 80.0},
         "start 2": (1.0, 50.0, 45.0),
+        "kernel cpu 2": {"local": 0.1, "trivial": 0.7},
     }
     old = {**figures, "pool 2": {"local": 4.0, "trivial": 8.0, "all_reduce": 8.0}}
     rows = dict(pool_bench.comparison(figures, old, (2,)))
@@ -96,3 +97,4 @@ def test_the_pool_comparison_keeps_each_cell_beside_the_local_pass() -> None:
     assert rows["  pool 2 ranks: trivial / local pass (x)"] == {"new": 1.5, "old": 2.0}
     assert rows["  one-shot 2 ranks: trivial / local pass (x)"] == {"new": 10.0, "old": 10.0}
     assert rows["start -n 2: round trip"] == {"new": 50.0, "old": 50.0}
+    assert rows["kernel CPU per trivial cell, 2 workers"] == {"new": 0.7, "old": 0.7}
