@@ -1,5 +1,8 @@
 """Two checkouts of nbaccel measured in one run: a kernel for each, driven round by round.
 
+Kernels run as a user's do: nbaccel's fork server forked at ``import nbaccel``
+(``NBACCEL_FORK_SERVER=eager``, unless the environment says otherwise).
+
 A benchmark given ``--against DIR`` starts one kernel with this checkout first on its PYTHONPATH
 (and as its working directory, which ipykernel puts on ``sys.path`` ahead of PYTHONPATH) and one
 with DIR's, and measures both in turns, swapping which goes first each round, so that the load
@@ -48,7 +51,9 @@ def kernels(checkouts: dict[str, str], env: dict[str, str]) -> Iterator[dict[str
         running = {}
         for label, tree in checkouts.items():
             path = os.pathsep.join(part for part in (tree, os.environ.get("PYTHONPATH", "")) if part)  # the tree first
-            kernel = stack.enter_context(running_kernel(env={**env, "PYTHONPATH": path}, cwd=tree))
+            # As a user's kernel runs: the fork server forked at `import nbaccel` (the test harness's default is "lazy").
+            server = os.environ.get("NBACCEL_FORK_SERVER", "eager")
+            kernel = stack.enter_context(running_kernel(env={"NBACCEL_FORK_SERVER": server, **env, "PYTHONPATH": path}, cwd=tree))
             where = kernel.execute("import nbaccel, os; print(os.path.dirname(os.path.dirname(nbaccel.__file__)))").stdout.strip()
             if os.path.realpath(where) != os.path.realpath(tree):
                 raise SystemExit(f"the {label!r} kernel imported nbaccel from {where!r}, not from {tree!r}: PYTHONPATH did not take")
