@@ -50,7 +50,7 @@ KERNEL_STEPS = [
 # The rank's side: each step of nbaccel.rank.bootstrap.run_rank before the function is called.
 RANK_STEPS = [
     ("nbaccel.rank.bootstrap", "_detach_from_kernel", "detach"),
-    ("nbaccel.rank.bootstrap", "_name_process", "process title"),
+    ("nbaccel.rank.process_title", "set_encoded", "process title"),  # its words made by the fork starter, in the kernel
     ("nbaccel.rank.bootstrap", "redirect_stdio", "stdio"),
     ("nbaccel.rank.bootstrap.faulthandler", "enable", "faulthandler"),
     ("nbaccel.rank.stack_dump", "install", "stack dump hook"),

@@ -52,21 +52,25 @@ def run_rank(
     A job given as bytes (nbaccel.wire.job_pickle: spawn, the fork server) is loaded once the
     rank's device is pinned, so captured CUDA tensors land on the rank's own GPU. ``prepared``
     (``prepare_environment(env)``, made by the parent just before the fork) sets the
-    environment in two assignments instead of one ``putenv`` per variable.
+    environment in two assignments instead of one ``putenv`` per variable, and may carry what
+    else the parent made for this rank (its stack dump file, its CPU threads).
     """
     exit_code = _EXIT_SETUP_FAILED
     modules_at_start = heavy_imports.present()
     try:
         _detach_from_kernel(parent_pid, close_fds)
-        _name_process(job, rank, env)
+        if prepared is not None and prepared.title is not None:
+            process_title.set_encoded(prepared.title)
+        else:
+            _name_process(job, rank, env)
         redirect_stdio(ends.stdout, ends.stderr)
-        faulthandler.enable(file=sys.stderr, all_threads=True)  # a segfault leaves a Python stack
+        faulthandler.enable(file=2, all_threads=True)  # a segfault leaves a Python stack (fd 2: sys.stderr's, without its flush)
         _set_environment(env, prepared)
-        stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE))
+        stack_dump.install(env.get(stack_dump.STACK_FILE_VARIABLE), prepared.stack_fd if prepared is not None else None)
         _forget_kernel_state()
         exit_hooks.start(parent_pid)  # multiprocessing's after-fork work; the kernel's atexit set aside
         _pin_device(env)
-        cpu_threads.share_cores(int(env.get("LOCAL_WORLD_SIZE", "1")))
+        _share_cores(env, prepared)
         accelerate_world.install(env.get("NBACCEL_DEVICE_TYPE"))
         rank_hooks.install(ends.channel)
         debugger.install(rank, ends.channel, ends.commands)
@@ -134,13 +138,24 @@ def _detach_from_kernel(parent_pid: int, close_fds: list[int]) -> None:
 
 
 def _name_process(job: Job | bytes, rank: int, env: dict[str, str]) -> None:
-    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi (``process_title.rank_title``'s
-    words, made here: every function a fresh rank runs copies its code's page). A job still in
-    bytes is named again once loaded; one passed its pipe ends is nbaccel's own loop (a
-    worker's, a node's job by value), which names the process itself."""
+    """``nbaccel rank 1/4 (cell [12])`` in ps, top and nvidia-smi. A job still in bytes is named
+    again once loaded; one passed its pipe ends is nbaccel's own loop (a worker's, a node's job
+    by value), which names the process itself."""
+    process_title.set_title(*rank_names(job, rank, env))
+
+
+def rank_names(job: Job | bytes, rank: int, env: dict[str, str]) -> tuple[str, str]:
+    """The title and comm of ``rank`` running ``job`` (``process_title.rank_title``'s words, made
+    here: every function a fresh rank runs copies its code's page; a fork starter encodes them
+    in the parent, before the fork).
+
+    Example:
+        >>> rank_names(b"", 1, {"WORLD_SIZE": "4"})
+        ('nbaccel rank 1/4', 'nbaccel-r1/4')
+    """
     label = None if isinstance(job, bytes) or job.pass_ends else job.label or process_title.job_label(job.function)
     world = env.get("WORLD_SIZE", "1")
-    process_title.set_title(f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}")
+    return f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}"
 
 
 class PreparedEnvironment(NamedTuple):
@@ -151,6 +166,13 @@ class PreparedEnvironment(NamedTuple):
 
     data: dict[bytes, bytes]  # os.environ._data once updated
     block: Any  # a NULL-terminated ctypes array of "KEY=VALUE" (it keeps the bytes alive)
+    # Decided in the parent: the OMP_NUM_THREADS put in the block (0: the rank keeps its own;
+    # None: the rank decides, see cpu_threads.share_cores) ...
+    threads: int | None = None
+    # ... and the rank's stack dump file, opened there (stack_dump.open_for_rank; None: the rank opens it).
+    stack_fd: int | None = None
+    address: int = 0  # the block's, taken in the parent: ctypes.addressof in the child copied ~10 pages
+    title: tuple[bytes, bytes] | None = None  # process_title.encode_title's (None: the rank names itself)
 
 
 _FS_ENCODING = sys.getfilesystemencoding()
@@ -195,7 +217,7 @@ def _environment_block(env: dict[str, str]) -> PreparedEnvironment:
         data[encoded_key] = encoded_value
         entries[encoded_key] = encoded_key + b"=" + encoded_value
     block = (ctypes.c_char_p * (len(entries) + 1))(*entries.values(), None)
-    return PreparedEnvironment(data, block)
+    return PreparedEnvironment(data, block, address=ctypes.addressof(block))
 
 
 def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None = None) -> None:
@@ -203,7 +225,7 @@ def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None =
     ``os.environ[key] = value`` does, the C environment first, without the mapping machinery
     of ``MutableMapping.update`` (whose code and objects a fresh rank would copy)."""
     if prepared is not None and _ENVIRON is not None:
-        _ENVIRON.value = ctypes.addressof(prepared.block)
+        _ENVIRON.value = prepared.address or ctypes.addressof(prepared.block)
         os.environ._data = prepared.data  # type: ignore[attr-defined]
         return
     data, encode_key, encode_value = os.environ._data, os.environ.encodekey, os.environ.encodevalue  # type: ignore[attr-defined]
@@ -214,19 +236,44 @@ def _set_environment(env: dict[str, str], prepared: PreparedEnvironment | None =
 
 def _forget_kernel_state() -> None:
     """Drop process state a fork copied from the kernel (a notebook PartialState, say)."""
-    if any(name in sys.modules for name in ("nbaccel.state.partial", "nbaccel.state.accelerator", "nbaccel.state.gradient")):
+    # Only a state the kernel holds is reset: assigning a class attribute (even None over None)
+    # invalidates the type caches of the class and its subclasses, pages a rank would copy.
+    if any(_holds(*state) for state in _KERNEL_STATES):
         from nbaccel.state import reset_all_states
 
         reset_all_states()
     acc_state = sys.modules.get("accelerate.state")
     if acc_state is not None:
         try:
-            acc_state.AcceleratorState._reset_state(True)
-            acc_state.GradientState._reset_state()
+            if any(getattr(acc_state, name)._shared_state for name in ("AcceleratorState", "PartialState", "GradientState")):
+                acc_state.AcceleratorState._reset_state(True)
+                acc_state.GradientState._reset_state()
         except Exception:  # noqa: BLE001 - best effort: only older/newer Accelerate lacks these
             pass
     # torch's cached device count needs no reset: torch (>= 2.1) caches it only once CUDA is
     # initialised, and a process with CUDA initialised is never forked (launch/preflight.py).
+
+
+# (module, class, attribute): where nbaccel's state API keeps what a kernel set up; None when nothing.
+_KERNEL_STATES = (
+    ("nbaccel.state.partial", "PartialState", "_shared"),
+    ("nbaccel.state.accelerator", "AcceleratorState", "_config"),
+    ("nbaccel.state.gradient", "GradientState", "_shared"),
+)
+
+
+def _holds(module_name: str, class_name: str, attribute: str) -> bool:
+    module = sys.modules.get(module_name)
+    return module is not None and getattr(getattr(module, class_name, None), attribute, None) is not None
+
+
+def _share_cores(env: dict[str, str], prepared: PreparedEnvironment | None) -> None:
+    """The rank's CPU threads: as the parent decided them (``prepared``), or decided here."""
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if prepared is None:
+        cpu_threads.share_cores(local_world_size)
+    else:
+        cpu_threads.share_cores(local_world_size, prepared.threads, bool(env.get(cpu_threads.ONE_THREAD_VARIABLE)))
 
 
 def _pin_device(env: dict[str, str]) -> None:

@@ -27,7 +27,9 @@ except OSError:  # pragma: no cover - exotic platforms without a C runtime handl
 
 def redirect_stdio(stdout_fd: int, stderr_fd: int) -> None:
     """Make fds 1 and 2 the rank's pipes and rebind the Python streams onto them."""
-    old_streams = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None}
+    # The streams being replaced, to find the handlers writing to them, where the kernel did not
+    # list those before the fork (a spawned rank).
+    old_streams = _stream_ids() if _KERNEL_STREAM_HANDLERS is None else None
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
     if stdout_fd > 2:
@@ -57,10 +59,18 @@ def prepare() -> None:
     global _KERNEL_STREAM_HANDLERS
     if not _RANK_STREAMS:
         _RANK_STREAMS.append((_text_stream(1), _text_stream(2)))
-    _KERNEL_STREAM_HANDLERS = _stream_handlers({id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None})
+    # Held too: a rank rebinding the four names must not free the kernel's stream objects
+    # (freeing writes their pages; a last reference dropped would even flush them).
+    _KERNEL_STREAMS[:] = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    _KERNEL_STREAM_HANDLERS = _stream_handlers(_stream_ids())
 
 
 _RANK_STREAMS: list[tuple[io.TextIOWrapper, io.TextIOWrapper]] = []  # at most one pair, unused in the kernel
+_KERNEL_STREAMS: list[Any] = []  # the process's four streams at the last fork
+
+
+def _stream_ids() -> set[int]:
+    return {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None}
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -70,14 +80,14 @@ def _text_stream(fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True)
 
 
-def _retarget_logging(old_streams: set[int]) -> None:
+def _retarget_logging(old_streams: set[int] | None) -> None:
     """Handlers created in the kernel still hold its streams; point them at the rank's.
 
     The kernel lists them before each fork (``prepare``): a rank walking every live handler, or
     every logger, would copy their memory pages into itself (copy-on-write). A rank started
     without that list (spawn) walks logging's own list of live handlers.
     """
-    refs = _KERNEL_STREAM_HANDLERS if _KERNEL_STREAM_HANDLERS is not None else _stream_handlers(old_streams)
+    refs = _KERNEL_STREAM_HANDLERS if _KERNEL_STREAM_HANDLERS is not None else _stream_handlers(old_streams or set())
     for ref in refs:
         handler = ref()
         if handler is None:

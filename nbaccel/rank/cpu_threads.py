@@ -34,8 +34,37 @@ def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
-def share_cores(local_world_size: int) -> None:
-    """Size this rank's torch pool (now, or when torch is imported) for ``local_world_size`` ranks."""
+def planned_threads(env: dict[str, str]) -> int | None:
+    """Parent side, before a fork: the ``OMP_NUM_THREADS`` a rank with ``env`` gets from nbaccel,
+    or None where it keeps the value it has (the user's, in the kernel's environment or ``env``).
+
+    The fork starter puts it in the rank's prepared environment block: a rank setting it itself
+    (``os.environ``'s mapping code, a ``putenv``) wrote about 40 of the kernel's pages.
+
+    Example:
+        >>> planned_threads({ONE_THREAD_VARIABLE: "1"})
+        1
+    """
+    if env.get(ONE_THREAD_VARIABLE) or os.environ.get(ONE_THREAD_VARIABLE):
+        return 1
+    if env.get(OMP_NUM_THREADS) or os.environ.get(OMP_NUM_THREADS):
+        return None
+    return threads_per_rank(int(env.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def share_cores(local_world_size: int, exported: int | None = None, one_thread: bool = False) -> None:
+    """Size this rank's torch pool (now, or when torch is imported) for ``local_world_size`` ranks.
+
+    ``exported``: the ``OMP_NUM_THREADS`` the parent already put in this rank's environment
+    (``planned_threads``), 0 when it decided the rank keeps its own; ``one_thread``: the parent's
+    OpenMP pool had started. Without them (a spawned rank, a fork server's) the rank decides.
+    """
+    if exported is not None:
+        if one_thread:
+            hold_to_one_thread(export=False)
+        elif exported:
+            _size_torch(exported)
+        return
     if os.environ.get(ONE_THREAD_VARIABLE):
         hold_to_one_thread()
         return
@@ -43,18 +72,24 @@ def share_cores(local_world_size: int) -> None:
         return
     threads = threads_per_rank(local_world_size)
     os.environ[OMP_NUM_THREADS] = str(threads)
+    _size_torch(threads)
+
+
+def _size_torch(threads: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
 
 
-def hold_to_one_thread() -> None:
+def hold_to_one_thread(export: bool = True) -> None:
     """One CPU thread in this forked rank, and ``torch.set_num_threads(n)`` kept at 1 (said once).
 
     The user's own ``torch.set_num_threads(8)`` would otherwise reach the kernel's dead libgomp
-    pool and hang; it is answered with one line on stderr instead.
+    pool and hang; it is answered with one line on stderr instead. ``export``: set
+    ``OMP_NUM_THREADS=1`` too (False where the parent put it in the environment block already).
     """
-    os.environ[OMP_NUM_THREADS] = "1"
+    if export:
+        os.environ[OMP_NUM_THREADS] = "1"
     torch = sys.modules.get("torch")
     if torch is None or getattr(torch.set_num_threads, "_nbaccel_held", False):
         return

@@ -237,6 +237,21 @@ def install(rank: int, channel: int, commands: int | None) -> None:
     builtins.input = _input
 
 
+_kept: list[Any] = []  # what install replaces, as the kernel had it at the last fork (see prepare)
+
+
+def prepare() -> None:
+    """Kernel side, before a fork (``os.register_at_fork``): hold what ``install`` replaces in a
+    rank (ipykernel's per-cell ``input``, debugpy's breakpoint hook, pdb's own), so the rank
+    drops no last reference: freeing them there would write to the kernel's pages.
+
+    Example:
+        >>> prepare(); _kept[0] is sys.breakpointhook
+        True
+    """
+    _kept[:] = (sys.breakpointhook, pdb.Pdb, pdb.set_trace, builtins.input)
+
+
 def _input(prompt: object = "") -> str:
     """``input()`` on a rank: a prompt in the notebook (the fork's copy of ipykernel's would hang)."""
     link = _link
@@ -246,3 +261,7 @@ def _input(prompt: object = "") -> str:
     if answer is None or "skip" in answer or answer.get("line") is None:
         raise EOFError(f"rank {link.rank if link else '?'}: no stdin to read from (this frontend does not allow input)")
     return str(answer["line"])
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=prepare)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import struct
 import sys
 from typing import Any
@@ -41,7 +42,7 @@ def install(channel_fd: int) -> None:
     Plain text needs no hook: it flows through the stdout/stderr pipes.
     """
     _state["fd"] = channel_fd
-    events.send_bytes(channel_fd, events.Kind.RICH, started_payload(os.getpid()))
+    _send_started(channel_fd, os.getpid())
     when_imported("comm", _silence_comms)
     when_imported("IPython", _publish_displays)
     when_imported("matplotlib_inline.backend_inline", _integrate_inline_figures)
@@ -59,6 +60,12 @@ def prepare() -> None:
     """
     try:
         rank_progress.prepare()
+        # The shell (found here: traitlets' lookup is code a rank would copy), and what a rank
+        # replaces, held so that the rank frees nothing: the shell's publisher, comm's factory.
+        shell_class = getattr(sys.modules.get("IPython"), "InteractiveShell", None)
+        shell = shell_class.instance() if shell_class is not None and shell_class.initialized() else None
+        _state["shell"] = shell
+        _state["kept"] = (getattr(shell, "display_pub", None), getattr(sys.modules.get("comm"), "create_comm", None))
     except Exception:  # noqa: BLE001 - a fork must never fail for this; the rank builds them itself
         pass
 
@@ -93,6 +100,31 @@ def started_payload(pid: int) -> bytes:
     return head + pickle.BININT + struct.pack("<i", pid) + tail
 
 
+def _started_frame() -> tuple[bytes, bytes] | None:
+    """The whole started frame (its header included) split around the pid's 4 bytes: its
+    length is the same for every pid."""
+    if _STARTED is None:
+        return None
+    head, tail = _STARTED
+    header = events.encode_header(events.Kind.RICH, len(head) + len(_PID_FIELD) + len(tail))
+    return header + head + pickle.BININT, tail
+
+
+_STARTED_FRAME = _started_frame()
+
+
+def _send_started(channel_fd: int, pid: int) -> None:
+    """The started event, as ``events.send_bytes`` sends it: a frame of fewer than ``PIPE_BUF``
+    bytes is written whole by one ``write`` (no interrupt can split it, and no other thread of a
+    starting rank sends), so its lock and signal mask, whose code a fresh rank copied, are skipped."""
+    if _STARTED_FRAME is None or not 0 <= pid < 2**31 or len(_STARTED_FRAME[0]) + len(_STARTED_FRAME[1]) + 4 > select.PIPE_BUF:
+        events.send_bytes(channel_fd, events.Kind.RICH, started_payload(pid))
+        return
+    frame = b"".join((_STARTED_FRAME[0], pid.to_bytes(4, "little", signed=True), _STARTED_FRAME[1]))
+    if os.write(channel_fd, frame) != len(frame):  # not on a blocking pipe; a broken stream otherwise
+        raise OSError(f"the started event was written in part ({len(frame)} bytes): the channel is not a pipe")
+
+
 def finish() -> None:
     """Show matplotlib figures still open, as a cell does when it ends (call before the result).
 
@@ -123,11 +155,14 @@ def _create_dummy_comm(*args: Any, **kwargs: Any) -> Any:
 def _publish_displays(ipython_module: Any) -> None:
     # The package's own name for the class: an import statement costs a fresh fork ~50 µs.
     shell_class = ipython_module.InteractiveShell
-    if not shell_class.initialized():
-        _start_quiet_shell(shell_class)
+    shell = _state.get("shell")  # the kernel's, found before the fork
+    if shell is None:
+        if not shell_class.initialized():
+            _start_quiet_shell(shell_class)
+        shell = shell_class.instance()
     # A plain attribute of the shell (not a trait), so any object with the publisher's methods
     # will do: IPython.display's display(), update_display() and clear_output() call only these.
-    shell_class.instance().display_pub = _PUBLISHER
+    shell.display_pub = _PUBLISHER
 
 
 def _integrate_inline_figures(backend_inline: Any) -> None:

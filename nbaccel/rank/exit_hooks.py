@@ -42,6 +42,8 @@ from typing import Any
 from nbaccel.wire.rank_env import EXIT_TIMEOUT, exit_timeout
 
 _state: dict[str, Any] = {"started": False}
+# atexit's own functions, which ``start`` replaces in a rank: held, so the rank frees nothing.
+_ATEXIT = (atexit.register, atexit.unregister)
 
 
 def start(parent_pid: int) -> None:
@@ -73,7 +75,8 @@ def _unregister(func: Callable[..., Any], /) -> None:
 def _started_by_multiprocessing(parent_pid: int) -> bool:
     """True when multiprocessing itself forked this process from ``parent_pid``, so its after-fork
     hooks already ran."""
-    current = sys.modules["multiprocessing"].current_process()
+    # current_process()'s own variable: the call would be code a fresh rank copies.
+    current = getattr(sys.modules.get("multiprocessing.process"), "_current_process", None)
     return getattr(current, "_parent_pid", None) == parent_pid
 
 
@@ -90,11 +93,31 @@ def _become_multiprocessing_child() -> None:
     if type(kernel_side).__name__ == "_MainProcess":  # the class itself is deleted from the module
         process._current_process = _prepared.get("main") or _main_process_like(kernel_side)
     process._parent_process = None
-    process._children = set()  # the kernel's children are not the rank's to join
-    process._process_counter = itertools.count(1)
-    util._finalizer_registry.clear()  # the kernel's finalizers are the kernel's
-    util._run_after_forkers()
+    process._children = _prepared.pop("children", None) or set()  # the kernel's children are not the rank's to join
+    process._process_counter = _prepared.pop("counter", None) or itertools.count(1)
+    if util._finalizer_registry:
+        util._finalizer_registry.clear()  # the kernel's finalizers are the kernel's
+    _run_after_forkers(util)
     del kernel_side
+
+
+def _run_after_forkers(util: Any) -> None:
+    """``util._run_after_forkers()``, from the list ``prepare`` sorted in the kernel: the
+    registry's own iteration (a WeakValueDictionary's guards and generators) wrote ~20 pages."""
+    registry = util._afterfork_registry.data
+    items = _prepared.get("after_forkers")
+    # Registered or dropped since (another thread, between the prepare and the fork): the registry
+    # itself, as multiprocessing does. Keys are made from a counter: a newer one is the last key.
+    if items is None or len(items) != len(registry) or (items and next(reversed(registry)) != items[-1][0]):
+        util._run_after_forkers()
+        return
+    for (_, _, func), ref in items:
+        obj = ref()
+        if obj is not None:
+            try:
+                func(obj)
+            except Exception as exc:  # noqa: BLE001 - as multiprocessing does: noted, not raised
+                util.info("after forker raised exception %s", exc)
 
 
 def _module(name: str) -> Any:
@@ -122,7 +145,7 @@ def prepare() -> None:
         >>> prepare(); _prepared["main"].authkey == multiprocessing.current_process().authkey
         True
     """
-    process = sys.modules.get("multiprocessing.process")
+    process: Any = sys.modules.get("multiprocessing.process")  # private names: typed Any
     kernel_side = getattr(process, "_current_process", None)
     if kernel_side is None or type(kernel_side).__name__ != "_MainProcess":
         _prepared.clear()
@@ -130,6 +153,21 @@ def prepare() -> None:
     made = _prepared.get("main")
     if made is None or made._config != kernel_side._config:
         _prepared["main"] = _main_process_like(kernel_side)
+    # The rank's empty process table and counter, made here: the kernel never uses them (each
+    # fork takes its copy), so they are made once; a rank that took them makes its own before
+    # it forks in turn.
+    if "children" not in _prepared:
+        _prepared["children"], _prepared["counter"] = set(), itertools.count(1)
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:  # weak references, as the registry holds them: the kernel keeps nothing alive
+        _prepared["after_forkers"] = sorted(util._afterfork_registry.data.items(), key=_registry_key)
+    # What the rank replaces, held here: a rank dropping the last reference would free them,
+    # and freeing writes to the objects and their allocator's pages (copies of the kernel's).
+    _prepared["kept"] = (kernel_side, process._children, process._process_counter)
+
+
+def _registry_key(item: tuple[tuple[int, int, Any], Any]) -> tuple[int, int]:
+    return item[0][0], item[0][1]  # multiprocessing's order: registration index first
 
 
 def finish(exit_code: int) -> None:

@@ -50,7 +50,11 @@ def become_rank() -> None:
     quiet one for display(), and IPython's shell sets ``sys.ps1`` itself when it is made.
     """
     _forget_shell()
-    when_imported("IPython", _after_ipython)  # now if the kernel imported it; else at import
+    ipython = sys.modules.get("IPython")
+    if ipython is not None:  # imported in the kernel: no shell was made since, nothing to forget again
+        _silence_get_ipython(ipython)
+    else:
+        when_imported("IPython", _after_ipython)  # at import
     if _found["flagged"]:
         correct_lightning_flags(_found["flagged"])
 
@@ -80,11 +84,25 @@ def prepare() -> None:
     Example:
         >>> prepare()  # lightning not imported here: no module to correct in the ranks
     """
+    _hold_shell_names()
     modules = (len(sys.modules), next(reversed(sys.modules), None))  # what changes when one is imported
     if modules != _found["modules"]:
         _found["modules"] = modules
         imported = any(name in sys.modules for name in _LIGHTNING_PACKAGES)
         _found["flagged"] = tuple(_modules_with_flag()) if imported else ()
+
+
+_SHELL_NAMES = ("get_ipython", "__IPYTHON__", "exit", "quit")
+
+
+def _hold_shell_names() -> None:
+    """What a rank removes or replaces (IPython's names, ``get_ipython``'s code), held in the
+    kernel: a rank dropping the last reference would free them, writing to the kernel's pages."""
+    main = sys.modules.get("__main__")
+    getter = getattr(sys.modules.get("IPython.core.getipython"), "get_ipython", None)
+    held = [builtins.__dict__.get(name) for name in _SHELL_NAMES]
+    held += [main.__dict__.get(name) for name in _SHELL_NAMES] if main is not None else []
+    _found["held"] = (*held, getattr(getter, "__code__", None))
 
 
 def interactive() -> bool:

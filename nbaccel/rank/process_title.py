@@ -79,13 +79,31 @@ def set_title(title: str, comm: str) -> None:
 
         set_title("nbaccel agent node 2", "nbaccel-agent2")
     """
+    set_encoded(encode_title(title, comm))
+
+
+def encode_title(title: str, comm: str) -> tuple[bytes, bytes]:
+    """``title`` and ``comm`` as ``set_encoded`` writes them: made by a fork starter in the
+    parent, so that a forked rank writes them without making them (pages it would copy).
+
+    The NULs after the title end it, and the last byte stays NUL: the Linux kernel then reads
+    the command line from the argument area alone, and tools show the title as one argument.
+
+    Example:
+        >>> encode_title("nbaccel rank 0/2", "nbaccel-r0/2")[1]
+        b'nbaccel-r0/2'
+    """
+    size = len(_VIEW) if _VIEW is not None else 0
+    return (title.encode()[: size - 1].ljust(size, b"\0") if size else b""), comm.encode()[:COMM_BYTES]
+
+
+def set_encoded(encoded: tuple[bytes, bytes]) -> None:
+    """Call this process what ``encode_title`` made (here, or in the process this one was forked from)."""
+    title, comm = encoded
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_NAME, comm.encode()[:COMM_BYTES])
-    if _VIEW is not None:
-        size = len(_VIEW)
-        # The NULs after the title end it, and the last byte stays NUL: the Linux kernel then
-        # reads the command line from this area alone, and tools show the title as one argument.
-        _VIEW[:] = title.encode()[: size - 1].ljust(size, b"\0")
+        _PRCTL(_PR_SET_NAME, comm)
+    if _VIEW is not None and len(title) == len(_VIEW):
+        _VIEW[:] = title
 
 
 def command_line(pid: int | str = "self") -> str:
