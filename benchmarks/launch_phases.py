@@ -94,7 +94,12 @@ def _timed(original: Any, label: str) -> Any:
 
 
 def _wrap(path: str, name: str, label: str | None) -> None:
-    owner = _owner(path)
+    try:
+        owner = _owner(path)
+    except (ImportError, AttributeError):
+        return  # another checkout (launch_bench --against) may lack a step: its phase reads 0
+    if name not in (owner.__dict__ if isinstance(owner, type) else vars(owner)):
+        return
     original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
     _SAVED.append((owner, name, original))
     if isinstance(original, classmethod):

@@ -168,8 +168,8 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
-    """A fresh python3 kernel of this interpreter, shut down (and reaped) afterwards."""
+def running_kernel(env: dict[str, str] | None = None, cwd: str | None = None) -> Iterator[Kernel]:
+    """A fresh python3 kernel of this interpreter (in ``cwd``, default this process's), shut down (and reaped) afterwards."""
     kernel_env = dict(os.environ)
     # A kernel forks nbaccel's fork server at `import nbaccel`; in a test that imports nbaccel
     # it would count as a process the test left behind. Tests of the server ask for "eager".
@@ -179,6 +179,7 @@ def running_kernel(env: dict[str, str] | None = None) -> Iterator[Kernel]:
     manager.start_kernel(
         extra_arguments=[],
         env=kernel_env,
+        **({"cwd": cwd} if cwd is not None else {}),
     )
     kernel = None
     try:

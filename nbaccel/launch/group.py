@@ -335,35 +335,23 @@ def gpu_map(device_type: str, gpus: Sequence[int] | None, num_processes: int) ->
 
 
 def _environment(plan: LaunchPlan, rendezvous: Rendezvous, rank: int, attempt: int, world: NodeWorld | None = None) -> dict[str, str]:
-    if world is not None:  # one node of a num_nodes launch: its ranks' place in the whole world
-        return rank_environment(
-            rank=world.first_rank + rank,
-            world_size=world.world_size,
-            local_rank=rank,
-            local_world_size=plan.num_processes,
-            node_rank=world.node_rank,
-            num_nodes=world.num_nodes,
-            master_addr=rendezvous.address,
-            master_port=rendezvous.port,
-            device_type=plan.device_type,
-            mixed_precision=plan.mixed_precision,
-            restart_count=attempt,
-            max_restarts=plan.max_restarts,
-            run_id=world.run_id,
-            visible_gpus=plan.gpus,
-            gpu_vendor=plan.gpu_vendor or "nvidia",
-            socket_interface=world.socket_interface,
-        )
+    """Rank ``rank``'s environment: in the whole launch, or, with a ``world`` (one node of a
+    ``num_nodes`` launch), at its place in the whole world."""
     return rank_environment(
-        rank=rank,
-        world_size=plan.num_processes,
+        rank=rank + (world.first_rank if world is not None else 0),
+        world_size=world.world_size if world is not None else plan.num_processes,
+        local_rank=rank,
+        local_world_size=plan.num_processes,
+        node_rank=world.node_rank if world is not None else 0,
+        num_nodes=world.num_nodes if world is not None else 1,
+        run_id=world.run_id if world is not None else plan.run_id,
+        socket_interface=world.socket_interface if world is not None else None,
         master_addr=rendezvous.address,
         master_port=rendezvous.port,
         device_type=plan.device_type,
         mixed_precision=plan.mixed_precision,
         restart_count=attempt,
         max_restarts=plan.max_restarts,
-        run_id=plan.run_id,
         visible_gpus=plan.gpus,
         gpu_vendor=plan.gpu_vendor or "nvidia",
     )

@@ -94,13 +94,16 @@ def _waiting_at(tid: int) -> int | None:
 
     A thread that has gone meanwhile reads as waiting nowhere (0).
     """
-    try:
-        with open(f"/proc/self/task/{tid}/syscall") as file:
-            fields = file.read().split()
+    try:  # os-level calls, not open(): asked of every native thread before every launch
+        fd = os.open(f"/proc/self/task/{tid}/syscall", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fields = os.read(fd, 512).split()
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return 0
     except OSError:  # unreadable (a locked-down /proc): cannot tell, so assume the worst
         return None
-    if not fields or fields[0] == "running" or len(fields) < 3:
+    if not fields or fields[0] == b"running" or len(fields) < 3:
         return None
     return int(fields[-1], 16)

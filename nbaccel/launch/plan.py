@@ -190,7 +190,7 @@ def choose_starter(start_method: str, local_ranks: int | None = None) -> RankSta
     if choice.said:
         say(choice.reason)
     if not choice.hazards:
-        fork_server.refresh()  # while the kernel is safe: a later unsafe launch finds torch in the server
+        fork_server.refresh(memory=False)  # while the kernel is safe: a later unsafe launch finds torch in the server
     return ForkStarter(one_thread=choice.one_thread)
 
 

@@ -18,6 +18,8 @@ Example:
 from __future__ import annotations
 
 import ast
+import atexit
+import itertools
 import linecache
 import os
 import re
@@ -26,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from nbaccel.launch.folder_watch import FolderWatch
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.wire import flight_recorder
 from nbaccel.wire.stack_files import STACK_FILE_VARIABLE, STACK_SIGNAL, count_answer_path, count_pipe_path, last_line_path
@@ -153,10 +156,19 @@ def _thread_blocks(dump: str) -> list[str]:
 
 
 class StackFiles:
-    """A private folder with one dump file per rank; the rank finds its file in its environment."""
+    """A private folder with one dump file per rank; the rank finds its file in its environment.
+
+    The folder is one of this process's ``_Folders``, made once and handed to group after group:
+    a launch pays no ``mkdtemp`` and no removal (half a millisecond, measured by
+    ``benchmarks/launch_bench.py``). What every rank leaves there (its dump, truncated before each
+    request, and its last line, rewritten at its start) has fixed names by rank, so the next
+    group's rank of the same number starts clean. A folder holding anything else (a process
+    group's pipes and answers, NCCL's dumps) is removed instead of handed back.
+    """
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="nbaccel-stacks-")  # mode 0700: only this user reads them
+        self.folder = _FOLDERS.take()  # mode 0700: only this user reads them
+        self._closed = False
 
     def path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.txt")
@@ -196,31 +208,38 @@ class StackFiles:
         """'7 collectives issued' (on the default group) for each rank whose answering thread replied in time (a group)."""
         found: dict[int, str] = {}
         pending = set(ranks)
-        while pending and time.monotonic() < deadline:
-            for rank in sorted(pending):
-                path = count_answer_path(self.path(rank))
-                if os.path.exists(path):  # written whole, by rename
-                    pending.discard(rank)
-                    answer = _read(path)
-                    if answer.strip().isdigit():
-                        found[rank] = f"{int(answer)} collective{'' if int(answer) == 1 else 's'} issued"
-            if pending:  # the answers are files another process renames into place: look again soon
-                time.sleep(0.01)
+        with FolderWatch(self.folder) as watch:  # before the first look: an answer after it wakes the wait
+            while pending:
+                for rank in sorted(pending):
+                    path = count_answer_path(self.path(rank))
+                    if os.path.exists(path):  # written whole, by rename
+                        pending.discard(rank)
+                        answer = _read(path)
+                        if answer.strip().isdigit():
+                            found[rank] = f"{int(answer)} collective{'' if int(answer) == 1 else 's'} issued"
+                left = deadline - time.monotonic()
+                if not pending or left <= 0:
+                    break
+                watch.wait(left)
         return found
 
     def _last_collectives(self, ranks: list[int], deadline: float) -> dict[int, str]:
         """Each NCCL rank's newest flight-recorder entry, as its watchdog dumps it (within about a second)."""
         found: dict[int, str] = {}
         pending = set(ranks)
-        while pending and time.monotonic() < deadline:
-            for rank in sorted(pending):
-                dump = flight_recorder.read_dump(flight_recorder.dump_path(self.folder, rank))
-                if dump is not None:
-                    pending.discard(rank)
-                    line = flight_recorder.describe_last(dump)
-                    if line:
-                        found[rank] = line
-            time.sleep(0.02)
+        with FolderWatch(self.folder) as watch:  # the watchdog writes and closes its dump: that wakes the wait
+            while pending:
+                for rank in sorted(pending):
+                    dump = flight_recorder.read_dump(flight_recorder.dump_path(self.folder, rank))
+                    if dump is not None:
+                        pending.discard(rank)
+                        line = flight_recorder.describe_last(dump)
+                        if line:
+                            found[rank] = line
+                left = deadline - time.monotonic()
+                if not pending or left <= 0:
+                    break
+                watch.wait(left)
         return found
 
     def _read_settled(self, pids: dict[int, int], deadline: float) -> dict[int, str]:
@@ -248,7 +267,61 @@ class StackFiles:
         return done
 
     def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Hand the folder back (the ranks are reaped: nothing writes there any more); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return
+        plain = all(re.fullmatch(r"rank\d+\.txt(\.last)?", name) for name in names)
+        if plain:
+            _FOLDERS.give_back(self.folder)
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Folders:
+    """This process's private stack folders: one parent (``mkdtemp``, mode 0700) made on first use
+    and removed when the process exits, and in it one folder per rank group alive at once (a pool
+    beside a launch), reused by later groups. A forked child that starts groups of its own (a rank
+    launching, a node agent's fork) makes its own parent: the pid is checked. No lock (a fork
+    could copy it held): the list's pop and append and the counter's next are atomic."""
+
+    def __init__(self) -> None:
+        self._pid = 0
+        self._parent = ""
+        self._free: list[str] = []
+        self._names = itertools.count(1)
+
+    def take(self) -> str:
+        if self._pid != os.getpid():
+            self._start()
+        try:
+            return self._free.pop()
+        except IndexError:
+            folder = os.path.join(self._parent, f"group{next(self._names)}")
+            os.mkdir(folder, 0o700)
+            return folder
+
+    def give_back(self, folder: str) -> None:
+        if self._pid == os.getpid() and os.path.dirname(folder) == self._parent and os.path.isdir(folder):
+            self._free.append(folder)
+
+    def _start(self) -> None:
+        parent = tempfile.mkdtemp(prefix="nbaccel-stacks-")
+        atexit.register(_remove_at_exit, parent, os.getpid())
+        self._parent, self._free, self._names = parent, [], itertools.count(1)
+        self._pid = os.getpid()  # last: a thread that sees it sees the parent too
+
+
+def _remove_at_exit(parent: str, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child that runs atexit handlers leaves its parent's folder alone
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+_FOLDERS = _Folders()
 
 
 def _is_whole(text: str, path: str) -> bool:

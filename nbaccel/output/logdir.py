@@ -72,13 +72,14 @@ class LaunchLogs:
         """
         root = default_root() if root is None else Path(root)
         name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_counter)}"
+        path = root / name
         try:
             root.mkdir(parents=True, exist_ok=True)
-            prune(root, keep=max(keep - 1, 0))
-            path = root / name
-            path.mkdir()
-            lock_fd = os.open(path / _LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-            _flock(lock_fd)
+            lock_fd = _recycle(root, max(keep - 1, 0), path)
+            if lock_fd is None:
+                path.mkdir()
+                lock_fd = os.open(path / _LOCK_NAME, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+                _flock(lock_fd)
         except OSError:
             return None
         return cls(path, lock_fd)
@@ -166,9 +167,7 @@ class RankLogSink:
             self.logs.write(rank, lines)
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        logged = kind == rich.DISPLAY or (kind == rich.PROGRESS and event.get("closed") and event.get("leave", True))
-        text = rich.plain_text(event) if logged else None
+        text = rich.plain_text(event) if logs_event(event) else None
         if text and self.logs is not None:
             self.logs.write(rank, text.splitlines())
 
@@ -186,27 +185,82 @@ class RankLogSink:
         pass
 
 
+def logs_event(event: dict[str, Any]) -> bool:
+    """Whether a rank's rich ``event`` goes into its log: a display, or a progress bar that ends and stays.
+
+    Example:
+        >>> logs_event({"type": rich.DISPLAY}), logs_event({"type": rich.STARTED, "pid": 7})
+        (True, False)
+    """
+    kind = event.get("type")
+    return bool(kind == rich.DISPLAY or (kind == rich.PROGRESS and event.get("closed") and event.get("leave", True)))
+
+
 def prune(root: Path, keep: int) -> list[Path]:
     """Remove all but the ``keep`` newest launch folders under ``root`` that no launch holds."""
-    try:
-        folders = [p for p in root.iterdir() if p.is_dir() and (p / _LOCK_NAME).exists()]
-    except OSError:
-        return []
-    folders.sort(key=_mtime, reverse=True)
     removed = []
-    for folder in folders[keep:]:
-        if _held(folder):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
+    for folder in _unkept(root, keep):
+        if not _held(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
     return removed
 
 
-def _mtime(path: Path) -> float:
+def _recycle(root: Path, keep: int, into: Path) -> int | None:
+    """Prune as ``prune`` does, but make the oldest folder no launch holds the new launch's
+    ``into`` instead of removing it (emptied, its lock taken first so no other kernel prunes it
+    meanwhile): removing a folder costs about 2 ms on ext4, renaming one 15 us. The lock's fd, or
+    None when no folder was old enough (the caller makes a new one)."""
+    lock_fd = None
+    for folder in _unkept(root, keep):
+        if lock_fd is None:
+            lock_fd = _take_over(folder, into)
+            if lock_fd is not None:
+                continue
+        if not _held(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+    return lock_fd
+
+
+def _unkept(root: Path, keep: int) -> list[Path]:
+    """The launch folders under ``root`` beyond the ``keep`` newest, newest first."""
+    found = []  # os-level calls, not pathlib: this runs at every launch and every cell on workers
     try:
-        return path.stat().st_mtime
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False) and os.path.exists(os.path.join(entry.path, _LOCK_NAME)):
+                    try:
+                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
+                    except OSError:  # removed meanwhile by another kernel's prune
+                        continue
     except OSError:
-        return 0.0
+        return []
+    found.sort(reverse=True)
+    return [Path(path) for _, path in found[keep:]]
+
+
+def _take_over(folder: Path, into: Path) -> int | None:
+    """Lock ``folder`` (None if a launch holds it), rename it ``into`` and empty it but for its lock."""
+    try:
+        fd = os.open(folder / _LOCK_NAME, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        _flock(fd)
+        os.rename(folder, into)
+        os.utime(into)  # the newest now, whatever it held: the next prune keeps it
+        with os.scandir(into) as entries:
+            for entry in entries:
+                if entry.name == _LOCK_NAME:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _flock(fd: int) -> None:

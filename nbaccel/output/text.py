@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from nbaccel.launch.outcome import RankOutcome
-from nbaccel.output.logdir import DEFAULT_KEEP, RankLogSink
+from nbaccel.output.logdir import DEFAULT_KEEP, RankLogSink, logs_event
 from nbaccel.output.resource_words import peak_words
 from nbaccel.output.sinks import TextSink
 from nbaccel.output.stragglers import wall_straggler
@@ -182,7 +182,7 @@ class RichTextSink(TextSink):
 
     def event(self, rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if self.logs is not None and kind != rich.RESOURCES:
+        if self.logs is not None and logs_event(event):  # a rank's start, a stack: nothing to log, no folder
             self._open_logs()
             self.logs.event(rank, event)
         if kind == rich.RESOURCES:

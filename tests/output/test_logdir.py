@@ -21,6 +21,30 @@ def test_only_the_latest_launches_are_kept(tmp_path: Path) -> None:
     assert {(p / "rank0.log").read_text() for p in folders} == {f"launch {i}\n" for i in range(25, 30)}
 
 
+def test_a_recycled_folder_holds_only_its_new_launch_and_counts_as_the_newest(tmp_path: Path) -> None:
+    """A launch beyond ``keep`` takes over the oldest folder (renamed, emptied) instead of removing it."""
+    first = LaunchLogs.create(tmp_path, keep=2)
+    assert first is not None
+    first.write(0, ["old"])
+    first.write(3, ["old rank 3"])
+    (first.path / "extra").mkdir()
+    first.close()
+    second = LaunchLogs.create(tmp_path, keep=2)
+    assert second is not None
+    second.close()
+    third = LaunchLogs.create(tmp_path, keep=2)  # takes over the first one's folder
+    assert third is not None
+    assert not first.path.exists()
+    assert sorted(p.name for p in third.path.iterdir()) == [".lock"]
+    third.write(0, ["new"])
+    third.close()
+    fourth = LaunchLogs.create(tmp_path, keep=2)  # the second one's folder now: the third stays
+    assert fourth is not None
+    fourth.close()
+    assert {p.name for p in tmp_path.iterdir()} == {third.path.name, fourth.path.name}
+    assert (third.path / "rank0.log").read_text() == "new\n"
+
+
 def test_a_folder_a_running_launch_holds_is_never_pruned(tmp_path: Path) -> None:
     running = LaunchLogs.create(tmp_path, keep=2)
     assert running is not None

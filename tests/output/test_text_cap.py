@@ -120,6 +120,8 @@ def test_a_launch_that_prints_nothing_makes_no_log_folder(tmp_path: Path) -> Non
     for attempt in range(3):  # a pool's status, every second under --watch: it must not prune real launches' logs
         sink.launch_started(2, attempt=attempt)
         sink.event(0, {"type": "resources", "cpu": 1.0, "rss": 1, "peak_rss": 1})
+        sink.event(1, {"type": "started", "pid": 123})  # a worker's chip says running: nothing to log
+        sink.event(1, {"type": "progress", "bar": 0, "text": "  3%", "closed": False})  # an open bar is not logged either
         _finish(sink, 2)
     assert not (tmp_path / "logs").exists() or list((tmp_path / "logs").iterdir()) == []
     sink.launch_started(1, attempt=3)

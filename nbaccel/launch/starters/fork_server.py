@@ -323,21 +323,39 @@ def start_early() -> None:
     _watch_cells()
 
 
-def refresh() -> None:
+def refresh(memory: bool = True) -> None:
     """Fork the server again when the kernel, still fork-safe, has gained heavy modules (torch)
     since (the new one shares them instead of importing its own copy: 100+ MiB), or when the
     server's own memory grew past 24 MiB (copy-on-write). Only while no rank of the old one runs.
-    Called after each cell and before each forked launch: a look at /proc, under a millisecond."""
+
+    Called after each cell and (``memory=False``) before each forked launch. The modules are a
+    set compared; the memory is looked at after a cell at most every 30 s: reading the
+    ``smaps_rollup`` of a process that maps torch walks all its page tables (2-9 ms here, which
+    every cell and every launch used to pay), and the server's memory only grows as the kernel
+    writes to the pages they share."""
     global _server
     server = _server
     if server is None or server.how != "forked" or server.running:
         return
-    if set(_warm_names()) <= server.modules and own_memory(server.pid) < _REFRESH_ABOVE:
+    if set(_warm_names()) <= server.modules and not (memory and _grew(server.pid)):
         return
     if fork_hazards() or not server.alive():
         return
     server.close()
     _server = fork_from_kernel()
+
+
+_MEMORY_EVERY = 30.0  # seconds between looks at the server's own memory
+_memory_looked_at = [float("-inf")]
+
+
+def _grew(pid: int) -> bool:
+    """The server's own memory passed ``_REFRESH_ABOVE`` (looked at most every ``_MEMORY_EVERY`` s)."""
+    now = time.monotonic()
+    if now - _memory_looked_at[0] < _MEMORY_EVERY:
+        return False
+    _memory_looked_at[0] = now
+    return own_memory(pid) >= _REFRESH_ABOVE
 
 
 def own_memory(pid: int) -> int:
