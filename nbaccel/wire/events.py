@@ -37,6 +37,7 @@ import signal
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -137,12 +138,13 @@ def send_bytes(fd: int, kind: Kind, payload: bytes | bytearray, defer_sigint: bo
 
     SIGINT is held back while a frame is written on the main thread: a KeyboardInterrupt half-way
     would corrupt the stream for every frame after it (persistent workers outlive interrupts).
-    ``_signal``'s own mask call, not ``signal``'s, which wraps every signal in an enum each time.
+    Held by a Python handler that only records it, not by masking the signal: a mask covers one
+    thread, and a SIGINT that another thread takes (torch's OpenMP and gloo threads do not block
+    it) still raises KeyboardInterrupt in the main thread between two bytecodes of the write.
     """
     header = encode_header(kind, len(payload))
     with _SEND_LOCK:
-        masked = defer_sigint and threading.get_ident() == threading.main_thread().ident
-        previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SIGINT_ONLY) if masked else None
+        held = _hold_interrupts() if defer_sigint and threading.get_ident() == threading.main_thread().ident else None
         try:
             if len(payload) <= _ONE_WRITE_BELOW:  # most frames: one write, one wake-up of the reader
                 _write_all(fd, header + payload)
@@ -150,11 +152,41 @@ def send_bytes(fd: int, kind: Kind, payload: bytes | bytearray, defer_sigint: bo
                 _write_all(fd, header)
                 _write_all(fd, payload)
         finally:
-            if previous is not None:
-                _signal.pthread_sigmask(_signal.SIG_SETMASK, previous)
+            if held is not None:
+                held.release()
 
 
-_SIGINT_ONLY = {signal.SIGINT.value}
+class _HeldInterrupt:
+    """SIGINT's Python handler while a frame is written: it records the signal; ``release`` puts
+    the previous handler back and, if a SIGINT came, calls it (default_int_handler raises)."""
+
+    __slots__ = ("caught", "previous")
+
+    def __init__(self, previous: Callable[[int, Any], Any]) -> None:
+        self.previous = previous
+        self.caught: tuple[int, Any] | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.caught = (signum, frame)
+
+    def release(self) -> None:
+        _signal.signal(_SIGINT, self.previous)
+        if self.caught is not None:
+            self.previous(*self.caught)
+
+
+def _hold_interrupts() -> _HeldInterrupt | None:
+    """Hold SIGINT back (main thread only); None where its handler is not Python's (ignored,
+    default): then no KeyboardInterrupt can come, and the disposition stays as it is."""
+    previous = _signal.getsignal(_SIGINT)
+    if not callable(previous):
+        return None
+    held = _HeldInterrupt(previous)
+    _signal.signal(_SIGINT, held)
+    return held
+
+
+_SIGINT = signal.SIGINT.value  # an int: _signal's functions take no enums
 _ONE_WRITE_BELOW = 64 * 1024  # bytes: joining costs a copy of the payload, cheap below this
 
 
