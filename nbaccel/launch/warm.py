@@ -30,7 +30,8 @@ def note(modules: list[str]) -> None:
 
 def import_noted() -> None:
     """Import what ranks reported and the kernel lacks (after the launch, never during it)."""
-    for name in sorted(_noted - sys.modules.keys()):
+    # A lookup per noted name: ``_noted - sys.modules.keys()`` walks every module torch loaded (about 1 ms).
+    for name in sorted(name for name in _noted if name not in sys.modules):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - warming is an optimisation: never fail a launch for it
