@@ -41,41 +41,72 @@ def collective_count() -> int | None:
 
 
 def start_answering(stack_file: str) -> None:
-    """Answer for the rank's count once it has a default process group, for the rank's lifetime.
+    """Answer for this rank's count once it has a default process group, for the rank's lifetime.
 
     The pipe and the thread are made when the first default group is: torch's public
-    ``init_process_group`` is wrapped, once ``torch.distributed`` is imported, in each module of
-    torch that holds it (``torch.distributed`` and ``distributed_c10d``, where user code and
-    libraries call it, and ``device_mesh``, where ``init_device_mesh`` does), and given back after
-    the first group is made. A rank that never makes a group has nothing to count, and would pay
+    ``init_process_group`` is wrapped in each module of torch that holds it (``torch.distributed``
+    and ``distributed_c10d``, where user code and libraries call it, and ``device_mesh``, where
+    ``init_device_mesh`` does). A rank that never makes a group has nothing to count, and would pay
     a thread and a FIFO at its start for nothing; a torch without ``torch.distributed`` has none.
+
+    The wrap is made once, in the process that forks the ranks (``wrap_loaded``, before each fork),
+    where ``torch.distributed`` is loaded there: a forked rank only names its stack file here (the
+    wrap in each rank copied ~40 pages). Elsewhere (spawn, or no torch in the kernel) the rank
+    wraps when ``torch.distributed`` is imported.
     """
-    when_imported("torch.distributed", lambda dist: _on_first_group(dist, stack_file))
+    global _answering
+    _answering = (os.getpid(), stack_file)
+    if not _wrapped:
+        when_imported("torch.distributed", _wrap)
+
+
+def wrap_loaded() -> None:
+    """Wrap ``init_process_group`` here if ``torch.distributed`` is loaded and not yet wrapped.
+
+    Runs before each fork (``os.register_at_fork``), so ranks inherit the wrap. In a process that
+    is not a rank answering for its count (the kernel, a fork server, a DataLoader worker) the
+    wrapper only calls torch's: no pipe, no thread.
+
+    Example:
+        >>> wrap_loaded()  # no torch.distributed loaded, or wrapped already: nothing to do
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and not _wrapped:
+        _wrap(dist)
 
 
 _HOLDERS = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
+_answering: tuple[int, str] | None = None  # (pid, stack file) of the rank answering in this process
+_wrapped = False  # init_process_group wrapped in this process (or in the one it was forked from)
+_started_in = 0  # the pid whose answering thread runs: a fork of the rank has none
 
 
-def _on_first_group(dist: Any, stack_file: str) -> None:
+def _wrap(dist: Any) -> None:
+    global _wrapped
     original = getattr(dist, "init_process_group", None)
-    if not callable(original):  # a torch built without distributed: no group will ever be made
+    if _wrapped or not callable(original):  # a torch built without distributed: no group will ever be made
         return
+    _wrapped = True
     holders: list[Any] = [m for m in map(sys.modules.get, _HOLDERS) if m is not None and getattr(m, "init_process_group", None) is original]
-    started: list[bool] = []
 
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        for module in holders:  # once: the thread answers for every later group too
-            if getattr(module, "init_process_group", None) is init_process_group:
-                module.init_process_group = original
-        if not started:  # a caller that kept this wrapper may make a group again after destroying one
-            started.append(True)
-            _start(stack_file)
+        _on_group_made()
         return result
 
     for module in holders:
         module.init_process_group = init_process_group
+
+
+def _on_group_made() -> None:
+    """After a default group is made: start answering, once, if this process is the rank that asked."""
+    global _started_in
+    target, pid = _answering, os.getpid()
+    if target is None or target[0] != pid or _started_in == pid:
+        return  # the kernel, a fork of a rank, or a thread already answering (a group made again)
+    _started_in = pid
+    _start(target[1])
 
 
 def _start(stack_file: str) -> None:
@@ -108,3 +139,7 @@ def _answer_forever(fd: int, answer: str) -> None:
         with open(partial, "w", encoding="utf-8") as out:
             out.write("" if count is None else str(count))
         os.replace(partial, answer)  # whole or absent: the kernel never reads half an answer
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, where nbaccel starts no rank (nbaccel.launch.platform)
+    os.register_at_fork(before=wrap_loaded)

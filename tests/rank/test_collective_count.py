@@ -71,3 +71,30 @@ def test_the_count_starts_with_the_group_under_every_start_method(start_method: 
     finally:
         fork_server.shutdown()  # the server the forkserver launch started (a no-op after spawn)
     assert [r[:2] for r in results] == [(False, True), (False, True)], results
+
+
+IN_A_KERNEL = r"""
+import os, sys, tempfile
+import torch.distributed as dist
+from nbaccel.rank import collective_count
+
+collective_count.wrap_loaded()  # what the fork hook does before each fork
+assert dist.init_process_group.__code__.co_filename == collective_count.__file__, "not wrapped"
+dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+answering = [f for f in sys._current_frames().values() if f.f_code.co_name == "_answer_forever"]
+assert not answering and collective_count._started_in != os.getpid(), answering
+assert collective_count.collective_count() is not None  # the group itself is torch's, working
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_a_process_that_is_not_an_answering_rank_makes_a_group_as_torch_does() -> None:
+    """The kernel (or a fork server, a DataLoader worker) holds the wrap its ranks inherit: its own
+    group starts no answering thread (nothing to make its pipe). In a child interpreter: a group
+    made in this process would be inherited, half-built, by the next tests' forked ranks."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", IN_A_KERNEL], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
