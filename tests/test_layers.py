@@ -245,22 +245,19 @@ ENTRY_POINTS: dict[str, frozenset[str]] = {
     "nbaccel.rank.agent_entry": frozenset({"remote_job"}),  # the Job of a rank a node agent forks
 }
 
-# (importer, imported): a starting-side module that still takes rank-side code or data, with the
-# move that would end it. These wait on files other work owns this round (rank/process_title.py,
-# rank/cpu_threads.py, launch/plan.py, launch/preview.py, launch/starters/fork.py).
-_TITLES = "process_title names every process nbaccel keeps (fork server, agent, rank): to move below both sides, with job_label beside Job in wire/job.py"
-_THREADS = "threads_per_rank and NBACCEL_ONE_CPU_THREAD are what a rank's environment says of its CPU threads: to move to wire/rank_env.py"
+# (importer, imported): a starting-side module that still takes rank-side code, and why it must.
+_TITLES = (
+    "a node agent names its own process with the code that names a rank and the fork server (prctl, the argument area found "
+    "once at import, which a fork keeps): one module for every nbaccel process's name, code run in the process it names, not data"
+)
 _PREPARED = (
-    "the fork starter prepares a rank's names and its stack dump file in the parent, before the fork (fewer pages a rank "
-    "copies); the rank's own code run there: to be entry points of bootstrap's PreparedEnvironment, or the names in wire/"
+    "the fork starter builds, in the parent and right before the fork, what the rank's own code would make (its names encoded "
+    "as the rank writes them, its stack dump file opened as the rank's faulthandler uses it): fewer pages a rank copies; the "
+    "format is the rank code's own, so it is made by that code, not copied into wire/"
 )
 KNOWN_STARTING_SIDE_RANK_IMPORTS: dict[tuple[str, str], str] = {
     ("nbaccel.agent.cli", "nbaccel.rank.process_title"): _TITLES,
     ("nbaccel.agent.node", "nbaccel.rank.process_title"): _TITLES,
-    ("nbaccel.launch.debug_desk", "nbaccel.rank.process_title"): _TITLES,
-    ("nbaccel.launch.plan", "nbaccel.rank.cpu_threads"): _THREADS,
-    ("nbaccel.launch.preview", "nbaccel.rank.cpu_threads"): _THREADS,
-    ("nbaccel.launch.starters.fork", "nbaccel.rank.cpu_threads"): _THREADS,
     ("nbaccel.launch.starters.fork", "nbaccel.rank.process_title"): _PREPARED,
     ("nbaccel.launch.starters.fork", "nbaccel.rank.stack_dump"): _PREPARED,
 }

@@ -30,10 +30,9 @@ from typing import Any, Protocol
 from nbaccel.launch import ipython_pdb
 from nbaccel.launch.outcome import with_cell_names
 from nbaccel.launch.seam import RankGroup, Sink
-from nbaccel.rank.process_title import job_label
 from nbaccel.wire import events
 from nbaccel.wire.events import Kind
-from nbaccel.wire.job import Job
+from nbaccel.wire.job import Job, job_label
 from nbaccel.wire.rank_calls import PostMortemOnError
 
 Ask = Callable[[str], str]  # the kernel's raw_input: a prompt in, the typed line out

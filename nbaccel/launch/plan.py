@@ -25,7 +25,7 @@ from nbaccel.launch.start_choice import StartChoice, server_how, server_reason, 
 from nbaccel.launch.starters import fork_server
 from nbaccel.launch.starters.fork import ForkStarter
 from nbaccel.launch.starters.spawn import SpawnStarter
-from nbaccel.rank.cpu_threads import threads_per_rank
+from nbaccel.wire.rank_env import threads_per_rank
 from nbaccel.wire.sizes import gib
 
 DEFAULT_CPU_PROCESSES = 2

@@ -23,9 +23,8 @@ from nbaccel.launch.options import LaunchOptions
 from nbaccel.launch.preflight import fork_hazards
 from nbaccel.launch.seam import LaunchPlan
 from nbaccel.launch.start_choice import StartChoice, start_choice
-from nbaccel.rank.cpu_threads import threads_per_rank
 from nbaccel.state.default_group import default_backend
-from nbaccel.wire.rank_env import rank_environment
+from nbaccel.wire.rank_env import rank_environment, threads_per_rank
 
 FREE_PORT = "<a free port, chosen at launch>"
 

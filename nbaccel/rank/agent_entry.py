@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from nbaccel.rank import process_title
-from nbaccel.wire.job import ChildEnds, Job
+from nbaccel.wire.job import ChildEnds, Job, job_label
 
 
 def remote_job(job_bytes: bytes) -> Job:
@@ -36,6 +36,6 @@ def _call_pickled(ends: ChildEnds, job_bytes: bytes) -> Any:
 
     job: Job = cloudpickle.loads(job_bytes)
     if not job.pass_ends:  # a worker's loop names itself
-        process_title.name_rank(int(os.environ["RANK"]), os.environ.get("WORLD_SIZE", "1"), job.label or process_title.job_label(job.function))
+        process_title.name_rank(int(os.environ["RANK"]), os.environ.get("WORLD_SIZE", "1"), job.label or job_label(job.function))
     args = (ends, *job.args) if job.pass_ends else job.args
     return job.function(*args)

@@ -29,7 +29,7 @@ from nbaccel.rank import accelerate_world, cpu_threads, debugger, exit_hooks, he
 from nbaccel.rank import display_hooks as rank_hooks
 from nbaccel.rank.capture import _libc, flush_all, redirect_stdio
 from nbaccel.wire import events, shm
-from nbaccel.wire.job import ChildEnds, Job
+from nbaccel.wire.job import ChildEnds, Job, job_label
 
 _EXIT_SETUP_FAILED = 70  # EX_SOFTWARE: nbaccel itself could not set the rank up
 _EXIT_INTERRUPTED = 130
@@ -153,7 +153,7 @@ def rank_names(job: Job | bytes, rank: int, env: dict[str, str]) -> tuple[str, s
         >>> rank_names(b"", 1, {"WORLD_SIZE": "4"})
         ('nbaccel rank 1/4', 'nbaccel-r1/4')
     """
-    label = None if isinstance(job, bytes) or job.pass_ends else job.label or process_title.job_label(job.function)
+    label = None if isinstance(job, bytes) or job.pass_ends else job.label or job_label(job.function)
     world = env.get("WORLD_SIZE", "1")
     return f"nbaccel rank {rank}/{world} ({label})" if label else f"nbaccel rank {rank}/{world}", f"nbaccel-r{rank}/{world}"
 

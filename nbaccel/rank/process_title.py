@@ -24,15 +24,12 @@ start (``benchmarks/process_title_bench.py``). Off Linux, nothing is renamed.
 Example:
     >>> rank_title(1, 4, "cell [12]"), rank_comm(1, 4)
     ('nbaccel rank 1/4 (cell [12])', 'nbaccel-r1/4')
-    >>> job_label(len), job_label(lambda: 0)
-    ('len', '<lambda>')
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any
 
 from nbaccel.rank.capture import _libc
 
@@ -147,26 +144,3 @@ def name_agent(node: str | None, address: str) -> None:
         set_title(f"nbaccel agent (joining {address})", "nbaccel-agent")
     else:
         set_title(f"nbaccel agent node {node} (cluster {address})", f"nbaccel-agent{node}")
-
-
-def job_label(function: Any) -> str | None:
-    """What a rank runs, in a word: a cell's ``label`` (``cell [12]``) or the function's name.
-
-    Wrappers nbaccel puts around the user's function (``--pdb``'s post-mortem, a job carried to
-    a node by value, ``functools.partial``) are looked through.
-
-    Example:
-        >>> import functools
-        >>> job_label(functools.partial(print, "hi"))
-        'print'
-    """
-    for _ in range(8):  # wrappers of wrappers, bounded
-        label = getattr(function, "label", None)
-        if isinstance(label, str) and label:
-            return label
-        inner = getattr(function, "function", None) or getattr(function, "func", None)
-        if inner is None or inner is function:
-            break
-        function = inner
-    name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or type(function).__qualname__
-    return str(name).rsplit(".<locals>.", 1)[-1] if name else None  # "train", not "main.<locals>.train"

@@ -8,6 +8,8 @@ Example:
     ('hello',)
     >>> ChildEnds(stdout=1, stderr=2, channel=5).commands is None
     True
+    >>> job_label(len), job_label(lambda: 0)  # what a rank runs, in its process title
+    ('len', '<lambda>')
 """
 
 from __future__ import annotations
@@ -48,3 +50,26 @@ CHANNEL_FD = 3  # the event pipe
 COMMANDS_FD = 4  # the command pipe, for persistent workers
 SHARED_FD = 5  # the fd socket for shared memory (nbaccel.wire.shm)
 ATTACHED_FD = 10  # the memfds of the job's big arguments, from here on
+
+
+def job_label(function: Any) -> str | None:
+    """What a rank runs, in a word: a cell's ``label`` (``cell [12]``) or the function's name.
+
+    Wrappers nbaccel puts around the user's function (``--pdb``'s post-mortem, a job carried to
+    a node by value, ``functools.partial``) are looked through.
+
+    Example:
+        >>> import functools
+        >>> job_label(functools.partial(print, "hi"))
+        'print'
+    """
+    for _ in range(8):  # wrappers of wrappers, bounded
+        label = getattr(function, "label", None)
+        if isinstance(label, str) and label:
+            return label
+        inner = getattr(function, "function", None) or getattr(function, "func", None)
+        if inner is None or inner is function:
+            break
+        function = inner
+    name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None) or type(function).__qualname__
+    return str(name).rsplit(".<locals>.", 1)[-1] if name else None  # "train", not "main.<locals>.train"

@@ -194,3 +194,38 @@ def _physical_devices(chosen: Sequence[int], kernel_visible: str | None) -> str:
     """
     names = [name.strip() for name in kernel_visible.split(",")] if kernel_visible else None
     return ",".join(names[g] if names and g < len(names) else str(g) for g in chosen)
+
+
+# What a rank's environment says of its CPU threads (nbaccel.rank.cpu_threads sizes torch's pool
+# from it; the kernel plans it: the fork starter puts it in the prepared environment, the plan and
+# nbaccel.plan() decide with it whether a fork with one thread is worth warning about).
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# Set by the fork starter when the kernel's OpenMP (libgomp) pool had started: libgomp is not
+# fork-safe, and a forked rank's first region on more than one thread waits forever for pool
+# threads that exist only in the kernel. One thread runs no pool, so the rank is held to it.
+ONE_THREAD_VARIABLE = "NBACCEL_ONE_CPU_THREAD"
+
+
+def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
+    """The cores available to this process divided among ``local_world_size`` ranks, at least 1."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world_size))
+
+
+def planned_threads(env: dict[str, str]) -> int | None:
+    """Parent side, before a fork: the ``OMP_NUM_THREADS`` a rank with ``env`` gets from nbaccel,
+    or None where it keeps the value it has (the user's, in the kernel's environment or ``env``).
+
+    The fork starter puts it in the rank's prepared environment block: a rank setting it itself
+    (``os.environ``'s mapping code, a ``putenv``) wrote about 40 of the kernel's pages.
+
+    Example:
+        >>> planned_threads({ONE_THREAD_VARIABLE: "1"})
+        1
+    """
+    if env.get(ONE_THREAD_VARIABLE) or os.environ.get(ONE_THREAD_VARIABLE):
+        return 1
+    if env.get(OMP_NUM_THREADS) or os.environ.get(OMP_NUM_THREADS):
+        return None
+    return threads_per_rank(int(env.get("LOCAL_WORLD_SIZE", "1")))

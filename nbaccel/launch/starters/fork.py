@@ -9,8 +9,8 @@ import warnings
 from nbaccel.launch.processes import RankProcess
 from nbaccel.rank import process_title, stack_dump
 from nbaccel.rank.bootstrap import PreparedEnvironment, prepare_environment, rank_names, run_rank
-from nbaccel.rank.cpu_threads import OMP_NUM_THREADS, ONE_THREAD_VARIABLE, planned_threads
 from nbaccel.wire.job import ChildEnds, Job
+from nbaccel.wire.rank_env import OMP_NUM_THREADS, ONE_THREAD_VARIABLE, planned_threads
 
 
 class ForkStarter:
