@@ -64,6 +64,7 @@ RANK_STEPS = [
     ("nbaccel.rank.debugger", "install", "debugger"),
     ("nbaccel.rank.process_identity", "become_rank", "process identity"),
     ("nbaccel.wire.shm", "use_rank_mailbox", "shm mailbox"),
+    ("nbaccel.rank.heavy_imports", "present_at_start", "warm modules noted"),  # by the parent, before the fork
 ]
 
 

@@ -56,7 +56,7 @@ def run_rank(
     else the parent made for this rank (its stack dump file, its CPU threads).
     """
     exit_code = _EXIT_SETUP_FAILED
-    modules_at_start = heavy_imports.present()
+    modules_at_start = heavy_imports.present_at_start()
     try:
         _detach_from_kernel(parent_pid, close_fds)
         if prepared is not None and prepared.title is not None:
