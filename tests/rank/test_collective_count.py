@@ -98,3 +98,36 @@ def test_a_process_that_is_not_an_answering_rank_makes_a_group_as_torch_does() -
 
     done = subprocess.run([sys.executable, "-c", IN_A_KERNEL], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def group_in_a_fork_of_the_rank(store: str) -> tuple[bool, bool]:
+    """Whether this rank's count FIFO exists after a process it forked (a DataLoader worker, say)
+    made a group of its own; and after the rank made its own."""
+    import os
+
+    import torch.distributed as dist
+
+    from nbaccel.wire.stack_files import STACK_FILE_VARIABLE, count_pipe_path
+
+    pipe = count_pipe_path(os.environ[STACK_FILE_VARIABLE])
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            dist.destroy_process_group()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    after_child = os.path.exists(pipe)
+    dist.init_process_group("gloo")
+    after_rank = os.path.exists(pipe)
+    dist.destroy_process_group()
+    return after_child, after_rank
+
+
+def test_a_process_the_rank_forked_answers_for_no_count(tmp_path: pytest.TempPathFactory) -> None:
+    results = nbaccel.notebook_launcher(group_in_a_fork_of_the_rank, args=(f"{tmp_path}/store",), num_processes=1, cpu=True, output=CollectingSink())
+    assert results == [(False, True)]
